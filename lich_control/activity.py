@@ -26,20 +26,22 @@ class Activity:
         session_id: str,
         engine: str,
         turns: Turns,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        clock: Optional[Callable[[], float]] = None,
+        wall: Optional[Callable[[], float]] = None,
         files: Optional[Dict[str, str]] = None,
     ):
         self._lock = threading.Lock()
-        self._clock, self._wall = clock, wall
+        # Looked up at each call, so freezegun's clock is the one read.
+        self._clock = clock or (lambda: time.monotonic())
+        self._wall = wall or (lambda: time.time())
         self._turns = turns
-        self._started = clock()
+        self._started = self._clock()
         self._ident = {
             "pid": os.getpid(),
             "version": __version__,
             "session_id": session_id,
             "engine": engine,
-            "started_at": wall(),
+            "started_at": self._wall(),
             **(files or {}),
         }
         self._poll = {"state": "starting", "reason": None, "backoff": 0.0, "retry_at": None}

@@ -30,7 +30,7 @@ from .bridge import BadMessage, Bridge
 from .config import BadConfig, Config, NotInLich, ensure_run_dir, socket_too_long
 from .engine import Turns
 from .lich import LichClient
-from .lifeline import ParentWatch, SessionLock, set_parent_death_signal
+from .lifeline import LOCK_WAIT_SECONDS, ParentWatch, SessionLock, set_parent_death_signal
 from .poller import Poller
 from .unixhttp import Routes, UnixHttpServer
 from .worker import Worker
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
 def run(config: Config, engine_name: str, parent: int) -> int:
     logs.setup(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
     lock = SessionLock(config.path("lock"))
-    if not lock.acquire():
+    if not lock.acquire(_lock_wait()):
         print(f"lich-control: another daemon is still polling for session {config.session_id}; exiting", file=sys.stderr)
         logging.shutdown()
         os._exit(1)
@@ -164,6 +164,13 @@ def run(config: Config, engine_name: str, parent: int) -> int:
     # Threads still parked (a fork that will never answer, a lock waiter)
     # must not hold the exit: everything worth finishing has finished.
     os._exit(daemon.exit_code)
+
+
+def _lock_wait() -> float:
+    try:
+        return max(0.0, float(os.environ.get("LICH_CONTROL_LOCK_WAIT", LOCK_WAIT_SECONDS)))
+    except ValueError:
+        return LOCK_WAIT_SECONDS
 
 
 def _no_relay(doc) -> None:

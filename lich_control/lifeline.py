@@ -25,7 +25,7 @@ log = logging.getLogger("lich_control.lifeline")
 
 PR_SET_PDEATHSIG = 1
 PARENT_CHECK_SECONDS = 1.0
-LOCK_WAIT_SECONDS = 5.0
+LOCK_WAIT_SECONDS = 5.0  # LICH_CONTROL_LOCK_WAIT overrides
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:

@@ -31,6 +31,7 @@ class Poller:
         ask_submit: Callable[[Command], None],
         activity: Activity,
         on_crash: Callable[[str], None] = lambda reason: None,
+        wait: Optional[Callable[[float], bool]] = None,
     ):
         self._client = client
         self._worker_submit = worker_submit
@@ -39,6 +40,9 @@ class Poller:
         self._on_crash = on_crash
         self._seen = _RecentIds(SEEN_IDS)
         self._stop = threading.Event()
+        # Waiting out a backoff is a wait on the stop flag, so a stop ends it
+        # at once; tests hand in their own to read the schedule without waiting.
+        self._wait = wait or self._stop.wait
         self._thread = threading.Thread(target=self._run, name="lich-poller", daemon=True)
         self.backoff = Backoff()
 
@@ -86,8 +90,7 @@ class Poller:
             self.backoff = self.backoff.failed()
             log.info("poll failed: %s; next poll in %g s", exc, self.backoff.delay)
             self._activity.poll_failed(str(exc), self.backoff.delay)
-            # Waiting on the stop flag: a stop ends the wait at once.
-            return not self._stop.wait(self.backoff.delay)
+            return not self._wait(self.backoff.delay)
         if self._stop.is_set():
             return False  # the daemon is stopping: apply nothing new
         self.backoff = self.backoff.succeeded()

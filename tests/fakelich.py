@@ -37,6 +37,9 @@ class FakeLich:
         self.acks = []  # (monotonic time, body dict or raw, headers)
         self.ack_status = []  # scripted statuses for the next acks
         self.parked = 0
+        self.acks_arrived = 0
+        self.ack_gate = threading.Event()  # cleared by a test to hold acks unanswered
+        self.ack_gate.set()
         self.closed = False
         lich = self
 
@@ -85,6 +88,10 @@ class FakeLich:
                     body = json.loads(raw)
                 except ValueError:
                     body = raw
+                with lich.cond:
+                    lich.acks_arrived += 1
+                    lich.cond.notify_all()
+                lich.ack_gate.wait(30)
                 with lich.cond:
                     lich.acks.append((time.monotonic(), body, dict(self.headers), parse_qs(url.query)))
                     status = lich.ack_status.pop(0) if lich.ack_status else 204

@@ -1,0 +1,26 @@
+# make test   the whole suite (creates .venv unless a virtual environment is active)
+# make demo   the main job on the development lich and the simulated session
+
+PYTHON ?= python3
+ifdef VIRTUAL_ENV
+VENV_PY := python
+else
+VENV_PY := .venv/bin/python
+endif
+STAMP := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)/.lich-control-installed
+
+.PHONY: test install clean
+
+$(STAMP): setup.cfg pyproject.toml
+	@if [ -z "$(VIRTUAL_ENV)" ] && [ ! -x .venv/bin/python ]; then $(PYTHON) -m venv .venv; fi
+	$(VENV_PY) -m pip install --quiet --upgrade pip
+	$(VENV_PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(VENV_PY) -m pytest
+
+clean:
+	rm -rf .venv build *.egg-info .pytest_cache .hypothesis
