@@ -200,6 +200,9 @@ class StubLich:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            waiting = list(self._commands.values())
+        for entry in waiting:
+            entry.settled.set()  # a waiter hears "not acked" now, not at its timeout
         if self._thread.is_alive():
             self._server.shutdown()
         self._server.server_close()
