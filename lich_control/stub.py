@@ -11,6 +11,7 @@ In-process use (the demo, the tests, the benchmark)::
     with StubLich(hold=25.0) as lich:         # listens on 127.0.0.1, port 0
         lich.port, lich.token                   # give these to the daemon (LICH_PORT, LICH_TOKEN)
         lich.wait_polled("s1", timeout=5)       # True once the mod for s1 has polled
+        lich.wait_until("s1", lambda info: info.hung_up, timeout=5)   # any PollInfo condition
         cid = lich.queue("s1", {"kind": "prompt", "text": "hi"})   # id assigned if absent
         outcome = lich.wait(cid, timeout=10)    # Outcome: delivered, ack (the body), ok, took_s
         outcome = lich.send("s1", {"kind": "abort"}, timeout=10)   # queue + wait in one
@@ -184,7 +185,9 @@ class StubLich:
         self._server.daemon_threads = True
         self._server.request_queue_size = 128
         self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="lich-stub", daemon=True)
+        # serve_forever notices shutdown only between selects: a short
+        # interval keeps close() (and every test's teardown) quick.
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="lich-stub", daemon=True)
 
     @property
     def url(self) -> str:
@@ -271,11 +274,14 @@ class StubLich:
     def wait_polled(self, session_id: str, timeout: float, more_than: int = 0, parked: bool = False) -> bool:
         """True once the session has polled more than `more_than` times (and,
         with `parked`, a poll is held open right now)."""
+        return self.wait_until(session_id, lambda info: info.polls > more_than and (info.parked > 0 or not parked), timeout)
+
+    def wait_until(self, session_id: str, predicate: Callable[[PollInfo], bool], timeout: float) -> bool:
+        """True once `predicate` holds for the session's PollInfo; False when time runs out."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                mod = self._mods.get(session_id)
-                if mod is not None and mod.polls > more_than and (mod.parked or not parked):
+                if predicate(self._info(session_id, self._mods.get(session_id) or _Mod(), self._clock())):
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
