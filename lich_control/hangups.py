@@ -38,7 +38,12 @@ class HangupWatch:
         with self._lock:
             self._closed = True
         self._wake()
-        self._thread.join(2.0)
+        if self._thread.is_alive():
+            self._thread.join(2.0)
+        else:  # never started: nobody else will close the sockets
+            self._selector.close()
+            self._wake_r.close()
+            self._wake_w.close()
 
     def _change(self, op: str, sock: socket.socket, callback: Callable[[], None]) -> None:
         with self._lock:
