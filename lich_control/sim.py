@@ -126,8 +126,11 @@ class SimEngine:
         with self._cond:
             self._closed = reason
             waiting, self._waiting = list(self._waiting), collections.deque()
+            # The session's thread stops with the turn unfinished: an abort
+            # waiting on its end would otherwise never settle.
+            aborts = self._turn.aborts if self._turn is not None else []
             self._cond.notify()
-        for _, _, future in waiting:
+        for future in [f for _, _, f in waiting] + aborts:
             future.set_result(CallResult.failed(reason))
 
     # -- the session's own thread ----------------------------------------
@@ -140,8 +143,10 @@ class SimEngine:
                 return future
             self._waiting.append((kind, payload, future))
             self._cond.notify()
-        if self._turn is not None:
-            self._report(f"{kind} waits for turn {self._turn.id} to end")
+            # Read under the lock: the session's thread may end the turn meanwhile.
+            busy = self._turn.id if self._turn is not None else None
+        if busy is not None:
+            self._report(f"{kind} waits for turn {busy} to end")
         return future
 
     def _run(self) -> None:
