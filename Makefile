@@ -9,7 +9,7 @@ VENV_PY := .venv/bin/python
 endif
 STAMP := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)/.lich-control-installed
 
-.PHONY: test install clean
+.PHONY: test demo run install clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@if [ -z "$(VIRTUAL_ENV)" ] && [ ! -x .venv/bin/python ]; then $(PYTHON) -m venv .venv; fi
@@ -21,6 +21,14 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(VENV_PY) -m pytest
+
+demo: $(STAMP)
+	$(VENV_PY) -m lich_control.demo
+
+# Keeps a development lich and a daemon on the simulated session up for
+# driving by hand with bin/lich-stub control (it prints how).
+run: $(STAMP)
+	$(VENV_PY) -m lich_control.demo --run
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .hypothesis

@@ -45,6 +45,7 @@ class Activity:
             **(files or {}),
         }
         self._poll = {"state": "starting", "reason": None, "backoff": 0.0, "retry_at": None}
+        self._last_sent: Optional[float] = None
         self._last_answer: Optional[float] = None
         self._polls = self._poll_failures = 0
         self._overrides = Overrides()
@@ -54,6 +55,15 @@ class Activity:
         self._errors: "collections.deque[dict]" = collections.deque(maxlen=ERRORS)
 
     # -- the poller ------------------------------------------------------
+
+    def poll_sent(self) -> None:
+        with self._lock:
+            self._last_sent = self._clock()
+            # A retry after failures is still backing off until lich answers.
+            if self._poll["state"] == "starting":
+                self._poll = {"state": "polling", "reason": None, "backoff": 0.0, "retry_at": None}
+            else:
+                self._poll["retry_at"] = None
 
     def poll_answered(self, count: int) -> None:
         with self._lock:
@@ -129,6 +139,7 @@ class Activity:
             poll = dict(self._poll)
             retry_at = poll.pop("retry_at")
             poll["retry_in_s"] = None if retry_at is None else round(max(0.0, retry_at - now), 1)
+            poll["last_poll_age_s"] = None if self._last_sent is None else round(now - self._last_sent, 1)
             poll["last_answer_age_s"] = None if self._last_answer is None else round(now - self._last_answer, 1)
             poll["polls"], poll["failures"] = self._polls, self._poll_failures
             return {

@@ -76,6 +76,7 @@ class Poller:
 
     def poll_once(self) -> bool:
         """One poll and what follows it; False once polling is over for good."""
+        self._activity.poll_sent()
         try:
             items = self._client.poll()
         except LichGone as exc:

@@ -116,7 +116,7 @@ def state(status: dict) -> str:
     if poll["state"] == "stopped":
         return f"stopped: {poll['reason']}"
     if poll["state"] == "starting":
-        return "polling (no answer yet)"
+        return "starting"
     return poll["state"]
 
 
@@ -174,7 +174,7 @@ def table(rows: List[List[str]], paint: Paint, coloured_column: Optional[int] = 
 
 
 def overview(found: List[Found], paint: Paint) -> List[str]:
-    rows = [["SESSION", "PID", "STATE", "LAST ANSWER", "TURN", "OVERRIDES", "IN FLIGHT", "DONE (ok/failed)", "UPTIME"]]
+    rows = [["SESSION", "PID", "STATE", "LAST POLL", "TURN", "OVERRIDES", "IN FLIGHT", "DONE (ok/failed)", "UPTIME"]]
     for f in found:
         s = f.status
         if s is None:
@@ -185,7 +185,7 @@ def overview(found: List[Found], paint: Paint) -> List[str]:
                 f.session,
                 str(s["daemon"]["pid"]),
                 state(s),
-                age(s["poll"]["last_answer_age_s"]),
+                age(s["poll"].get("last_poll_age_s")),
                 s["turn"] or "-",
                 overrides(s),
                 in_flight(s),
@@ -205,7 +205,7 @@ def detail(f: Found, paint: Paint) -> List[str]:
         ["session", d["session_id"]],
         ["pid", f"{d['pid']} ({d['engine']} engine, version {d['version']})"],
         ["state", state(s) + why + retry],
-        ["last answer", f"{age(poll['last_answer_age_s'])} ({poll['polls']} polls, {poll['failures']} failed)"],
+        ["last poll", f"sent {age(poll.get('last_poll_age_s'))}, last answered {age(poll['last_answer_age_s'])} ({poll['polls']} polls, {poll['failures']} failed)"],
         ["turn", s["turn"] or "none running"],
         ["overrides", overrides(s)],
         ["in flight", "; ".join(f"{e['kind']} {e['id']} waiting on {e['waiting_on']} for {age(e['age_s'], '')}" for e in s["in_flight"]) or "-"],
