@@ -21,9 +21,11 @@ TOKEN = "tok-3f9a-secret"
 class Answer:
     """One scripted poll answer."""
 
-    def __init__(self, status=200, body=None, raw=None, drop=False, delay=0.0, reset_mid_body=False, length=None):
+    def __init__(self, status=200, body=None, raw=None, drop=False, delay=0.0, reset_mid_body=False, length=None, close_after=False):
         self.status, self.body, self.raw = status, body, raw
         self.drop, self.delay, self.reset_mid_body, self.length = drop, delay, reset_mid_body, length
+        # A declared length longer than the body only ends when the connection does.
+        self.close_after = close_after or length is not None
 
 
 class FakeLich:
@@ -41,6 +43,8 @@ class FakeLich:
         self.ack_gate = threading.Event()  # cleared by a test to hold acks unanswered
         self.ack_gate.set()
         self.closed = False
+        self.conns = set()
+        self.ack_faults = []  # scripted: "drop" closes an ack's connection unanswered
         lich = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,6 +52,19 @@ class FakeLich:
 
             def log_message(self, *args):
                 pass
+
+            def setup(self):
+                super().setup()
+                with lich.cond:
+                    lich.conns.add(self.connection)
+
+            def finish(self):
+                with lich.cond:
+                    lich.conns.discard(self.connection)
+                try:
+                    super().finish()
+                except OSError:
+                    pass
 
             def do_GET(self):
                 url = urlsplit(self.path)
@@ -60,6 +77,9 @@ class FakeLich:
                 if query.get("token") != [lich.token]:
                     return self._send(401, b"bad token")
                 answer = lich._next_answer()
+                if answer is None:  # killed while the poll was parked
+                    self.close_connection = True
+                    return
                 if answer.delay:
                     threading.Event().wait(answer.delay)  # the server answering slowly
                 if answer.drop:
@@ -77,6 +97,10 @@ class FakeLich:
                     self.close_connection = True
                     return
                 self._send(answer.status, body, length=answer.length)
+                if answer.close_after:
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
 
             def do_POST(self):
                 url = urlsplit(self.path)
@@ -90,7 +114,12 @@ class FakeLich:
                     body = raw
                 with lich.cond:
                     lich.acks_arrived += 1
+                    fault = lich.ack_faults.pop(0) if lich.ack_faults else None
                     lich.cond.notify_all()
+                if fault == "drop":
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 lich.ack_gate.wait(30)
                 with lich.cond:
                     lich.acks.append((time.monotonic(), body, dict(self.headers), parse_qs(url.query)))
@@ -131,6 +160,8 @@ class FakeLich:
                     if left <= 0:
                         return Answer(body=[])
                     self.cond.wait(left)
+                if self.closed:
+                    return None
                 if self.scripted:
                     return self.scripted.pop(0)
                 batch, self.queue = self.queue, []
@@ -176,6 +207,21 @@ class FakeLich:
     def ack_for(self, cid, timeout=10.0):
         self.wait_for(lambda: any(isinstance(b, dict) and b.get("id") == cid for b in self.ack_bodies()), timeout, f"the ack for {cid}")
         return next(b for b in self.ack_bodies() if isinstance(b, dict) and b.get("id") == cid)
+
+    def kill(self):
+        """As if lich died: stop listening and reset every open connection."""
+        with self.cond:
+            self.closed = True
+            conns = list(self.conns)
+            self.cond.notify_all()
+        self.server.shutdown()
+        self.server.server_close()
+        for conn in conns:
+            try:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self):
         with self.cond:
