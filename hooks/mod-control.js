@@ -6,14 +6,13 @@
 const RESTARTS = 5
 const FIRST_DELAY_MS = 1000
 
-// One daemon per loaded module, however often session.start fires.
+// One decision per loaded module, however often session.start fires.
 let claimed = false
-// False outside lich: events are then dropped, not queued for a daemon
-// that will never say hello.
-let relaying = false
 let overrides = { model: null, effort: null }
 // Settles with the running daemon's socket once its hello arrives, or with
-// null once no daemon will run again, so nothing waits on it for ever.
+// null once it is known that no daemon will run (again): outside lich,
+// events then drain at once instead of piling up behind a hello that
+// never comes.
 let daemon = deferred()
 // The tail of the event chain: each event is posted once the one before it
 // settled, so the daemon sees them in the order the hooks fired.
@@ -25,9 +24,9 @@ export function register(on, options) {
 
   on('session.start', async ($, e, next) => {
     const started = await next(e)
-    if (e.isInteractive && !claimed) {
+    if (!claimed) {
       claimed = true
-      void supervise($, python)
+      void supervise($, e.isInteractive, python)
     }
     return started
   })
@@ -50,15 +49,24 @@ export function register(on, options) {
   })
 }
 
-async function supervise($, python) {
+async function supervise($, isInteractive, python) {
+  if (isInteractive && (await insideLich($))) await keepRunning($, python)
+  daemon.settle(null)
+}
+
+// A `claude -p` run from a tool inside a lich session inherits its variables:
+// isInteractive is what keeps it from taking the parent's commands.
+async function insideLich($) {
   // Read one by one: $.env.get takes the name as a literal.
   const port = await $.env.get('LICH_PORT').catch(() => undefined)
   const token = await $.env.get('LICH_TOKEN').catch(() => undefined)
   const session = await $.env.get('LICH_SESSION_ID').catch(() => undefined)
   // The token is only looked at, never kept: the daemon reads it from the
   // environment it inherits from the host.
-  if (!port || !token || !session) return
-  relaying = true
+  return Boolean(port && token && session)
+}
+
+async function keepRunning($, python) {
   // The variables a command hook gets (CLAUDE_PID, CLAUDE_PLUGIN_DATA, ...),
   // which spawn does not set by itself.
   const env = await $.process.hookEnv().catch(() => undefined)
@@ -69,18 +77,17 @@ async function supervise($, python) {
   }
   for (let restarts = 0; ; restarts += 1) {
     const end = await run($, request)
-    if (end.code === 0) break
+    // Its socket went with it: what comes next waits for the next hello.
+    if (daemon.value !== undefined) daemon = deferred()
+    if (end.code === 0) return
     if (restarts === RESTARTS) {
       log($, `lich_control daemon ${describe(end)}; not restarting it again`)
-      break
+      return
     }
     const delay = FIRST_DELAY_MS * 2 ** restarts
     log($, `lich_control daemon ${describe(end)}; restart ${restarts + 1} of ${RESTARTS} in ${delay} ms`)
-    if (daemon.socket !== undefined) daemon = deferred()
     await $.clock.sleep(delay).catch(() => undefined)
   }
-  relaying = false
-  daemon.settle(null)
 }
 
 // Runs the daemon once, to its end; never throws.
@@ -155,7 +162,7 @@ async function invoke($, method, args) {
 }
 
 function forward($, event, turnId) {
-  if (relaying) events = postAfter($, events, { event, turnId })
+  events = postAfter($, events, { event, turnId })
 }
 
 async function postAfter($, previous, body) {
@@ -192,14 +199,15 @@ function withOverrides(step) {
   }
 }
 
-// A promise with its resolver beside it; `socket` stays undefined until it settles.
+// A promise with its resolver beside it; `value` stays undefined until the
+// first settle, and later ones change nothing.
 function deferred() {
-  const box = { socket: undefined }
+  const box = { value: undefined }
   box.promise = new Promise(resolve => {
-    box.settle = socket => {
-      if (box.socket !== undefined) return
-      box.socket = socket
-      resolve(socket)
+    box.settle = value => {
+      if (box.value !== undefined) return
+      box.value = value
+      resolve(value)
     }
   })
   return box
