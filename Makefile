@@ -1,0 +1,34 @@
+# make test   the whole suite (creates .venv unless a virtual environment is active)
+# make demo   the main job on the development lich and the simulated session
+
+PYTHON ?= python3
+ifdef VIRTUAL_ENV
+VENV_PY := python
+else
+VENV_PY := .venv/bin/python
+endif
+STAMP := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)/.lich-control-installed
+
+.PHONY: test demo run install clean
+
+$(STAMP): setup.cfg pyproject.toml
+	@if [ -z "$(VIRTUAL_ENV)" ] && [ ! -x .venv/bin/python ]; then $(PYTHON) -m venv .venv; fi
+	$(VENV_PY) -m pip install --quiet --upgrade pip
+	$(VENV_PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(VENV_PY) -m pytest
+
+demo: $(STAMP)
+	$(VENV_PY) -m lich_control.demo
+
+# Keeps a development lich and a daemon on the simulated session up for
+# driving by hand with bin/lich-stub control (it prints how).
+run: $(STAMP)
+	$(VENV_PY) -m lich_control.demo --run
+
+clean:
+	rm -rf .venv build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,75 @@
+"""Sending acks: one attempt each, and a thread for the ones that settle late.
+
+An ack is sent once. One that cannot be sent is dropped and logged (with
+lich's reason when lich refused it), never retried: lich resolves a wait
+with the first ack it gets, and the next command must not wait on this one.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Callable
+
+from .acks import Ack, AckTooLarge
+from .activity import Activity
+from .lich import AckFailed, LichClient
+
+log = logging.getLogger("lich_control.acks")
+
+
+def send_ack(client: LichClient, activity: Activity, ack: Ack) -> bool:
+    """Post one ack; True when lich took it. Never raises."""
+    try:
+        client.ack(ack)
+    except (AckFailed, AckTooLarge) as exc:
+        if getattr(exc, "refused", False):
+            log.warning("lich refused the ack for %s (%s): %s", ack.id, ack.kind, exc)
+        else:
+            log.warning("dropped the ack for %s (%s): %s", ack.id, ack.kind, exc)
+        activity.acked(ack.id, ack.kind, ack.ok, ack.error, sent=str(exc))
+        return False
+    log.info("acked %s (%s): %s", ack.id, ack.kind, "ok" if ack.ok else f"failed: {ack.error}")
+    activity.acked(ack.id, ack.kind, ack.ok, ack.error, sent=None)
+    return True
+
+
+_STOP = object()
+
+
+class Acker:
+    """Sends the acks of prompts and slash commands as they settle.
+
+    Their futures settle on whatever thread delivered the session's answer;
+    `submit` only queues, so that thread never waits on lich. The queue, the
+    thread and its lich client are this object's alone.
+    """
+
+    def __init__(self, client_factory: Callable[[], LichClient], activity: Activity):
+        self._client = client_factory()
+        self._activity = activity
+        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="lich-acker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, ack: Ack) -> None:
+        self._queue.put(ack)
+
+    def stop(self, timeout: float) -> bool:
+        """Finish what is queued within `timeout`; True if the thread ended."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            ack = self._queue.get()
+            if ack is _STOP:
+                self._client.close()
+                return
+            try:
+                send_ack(self._client, self._activity, ack)
+            except Exception:  # a bug here must not end the thread
+                log.exception("could not send the ack for %s", getattr(ack, "id", "?"))

@@ -1,0 +1,109 @@
+"""What the daemon is told by its environment, and where its files live.
+
+The gate of bridge.md: all three LICH_* variables or nothing at all, and a
+port that is a port. The token is kept in `Config` and reaches only the URLs
+the lich client builds; `repr` leaves it out so no log or traceback shows it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+import tempfile
+from typing import Mapping, Optional
+
+import attrs
+
+VARIABLES = ("LICH_PORT", "LICH_TOKEN", "LICH_SESSION_ID")
+# sockaddr_un.sun_path is 108 bytes on Linux, 104 on macOS; keep under both.
+MAX_SOCKET_PATH = 100
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+class NotInLich(Exception):
+    """A variable is missing: the daemon exits 0 and never polls."""
+
+
+class BadConfig(Exception):
+    """The environment names something unusable: one line, exit 2."""
+
+
+@attrs.frozen
+class Config:
+    port: int
+    token: str = attrs.field(repr=False)
+    session_id: str
+    run_dir: str
+
+    @property
+    def lich_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "Config":
+        missing = [name for name in VARIABLES if not env.get(name)]
+        if missing:
+            raise NotInLich(", ".join(missing))
+        return cls(
+            port=parse_port(env["LICH_PORT"]),
+            token=env["LICH_TOKEN"],
+            session_id=env["LICH_SESSION_ID"],
+            run_dir=run_dir(env),
+        )
+
+    def path(self, suffix: str) -> str:
+        """This session's file in the run folder: socket, lock or log."""
+        return session_path(self.run_dir, self.session_id, suffix)
+
+
+def parse_port(raw: str) -> int:
+    text = raw.strip()
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        shown = raw if len(raw) <= 20 else raw[:20] + "…"
+        raise BadConfig(f"LICH_PORT must be a port number from 1 to 65535, not {shown!r}")
+    return int(text)
+
+
+def run_dir(env: Mapping[str, str]) -> str:
+    if env.get("LICH_CONTROL_RUN_DIR"):
+        return env["LICH_CONTROL_RUN_DIR"]
+    if env.get("XDG_RUNTIME_DIR"):
+        return os.path.join(env["XDG_RUNTIME_DIR"], "lich-control")
+    return os.path.join(tempfile.gettempdir(), f"lich-control-{os.getuid()}")
+
+
+def session_path(folder: str, session_id: str, suffix: str) -> str:
+    """`<session>.<suffix>`, or a short hashed name when the id is not a
+    plain file name or the path would be too long for a Unix socket."""
+    if _PLAIN_NAME.fullmatch(session_id) and not session_id.startswith("."):
+        plain = os.path.join(folder, f"{session_id}.sock")
+        if len(os.fsencode(plain)) <= MAX_SOCKET_PATH:
+            return os.path.join(folder, f"{session_id}.{suffix}")
+    digest = hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return os.path.join(folder, f"s-{digest}.{suffix}")
+
+
+def ensure_run_dir(path: str) -> None:
+    """Create the run folder 0700, or make sure an existing one is ours and private.
+
+    Another user could make the folder first in a shared temporary directory
+    and read our sockets; we refuse to use one we do not own.
+    """
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError as exc:
+        raise BadConfig(f"cannot create the run folder {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise BadConfig(f"the run folder {path} is not a folder")
+    if info.st_uid != os.getuid():
+        raise BadConfig(f"the run folder {path} belongs to another user; set LICH_CONTROL_RUN_DIR")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+
+
+def socket_too_long(path: str) -> Optional[str]:
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        return f"the socket path {path} is too long for a Unix socket; set LICH_CONTROL_RUN_DIR to a shorter folder"
+    return None

@@ -1,0 +1,186 @@
+"""The daemon: the gate, the threads wired together, and the way out.
+
+    python -m lich_control.daemon [--engine relay|sim]
+
+Threads, each owning its own state:
+  main         waits for a reason to stop (a signal, stdout broken, the
+               parent gone, the poller crashed) and runs the shutdown;
+  lich-poller  the long poll and its backoff (Poller);
+  lich-worker  the ordered commands and the overrides (Worker);
+  lich-acker   acks of prompts and slash commands as they settle (Acker);
+  lich-ask-N   one fork each, up to the pool's size (Asks);
+  lich-socket  accepts the relay's connections, a thread per connection;
+  lich-lifeline  watches the pipes to the parent (ParentWatch).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Optional
+
+from . import __version__, logs
+from .acker import Acker
+from .activity import Activity
+from .asks import Asks
+from .bridge import BadMessage, Bridge
+from .config import BadConfig, Config, NotInLich, ensure_run_dir, socket_too_long
+from .engine import Turns
+from .lich import LichClient
+from .lifeline import LOCK_WAIT_SECONDS, ParentWatch, SessionLock, set_parent_death_signal
+from .poller import Poller
+from .unixhttp import Routes, UnixHttpServer
+from .worker import Worker
+
+log = logging.getLogger("lich_control.daemon")
+
+# How long an ack already on its way may take to finish at shutdown: short,
+# so a daemon whose session is gone exits well within 2 s.
+STOP_GRACE = 1.0
+
+
+class Daemon:
+    """Everything one session's daemon runs, started and stopped as one."""
+
+    def __init__(self, config: Config, engine, turns: Turns, activity: Activity, client_factory=None):
+        self.config = config
+        self.engine = engine
+        self.activity = activity
+        self._stop = threading.Event()
+        self.stop_reason: Optional[str] = None
+        self.exit_code = 0
+        factory = client_factory or (lambda: LichClient(config))
+        self.acker = Acker(factory, activity)
+        self.worker = Worker(engine, turns, self.acker, factory, activity, config.session_id)
+        self.asks = Asks(engine, factory, activity, config.session_id)
+        self.poller = Poller(factory(), self.worker.submit, self.asks.submit, activity, on_crash=self._crashed)
+
+    def start(self) -> None:
+        self.acker.start()
+        self.worker.start()
+        self.poller.start()
+        log.info("polling lich on port %d for session %s", self.config.port, self.config.session_id)
+
+    def request_stop(self, reason: str) -> None:
+        """Any thread, or a signal handler: record why, and wake the main thread."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self._stop.set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self._stop.wait(timeout)
+
+    def shutdown(self, grace: float = STOP_GRACE) -> None:
+        """Stop polling first (a parked poll is cut, never left to take
+        commands nobody will apply), then let work already under way finish
+        within `grace`; start nothing new."""
+        log.info("stopping: %s", self.stop_reason or "asked to")
+        self.poller.stop(timeout=grace)
+        self.asks.stop()
+        self.worker.stop(timeout=grace)
+        self.acker.stop(timeout=grace / 2)
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close("the daemon is stopping")
+
+    def _crashed(self, reason: str) -> None:
+        self.exit_code = 1
+        self.request_stop(reason)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="lich-mod-daemon", description="The lich mod-control client for one session.")
+    parser.add_argument("--engine", choices=("relay", "sim"), default="relay", help="relay: the Claude Code relay on stdout and the socket (default); sim: a simulated session")
+    parser.add_argument("--version", action="version", version=__version__)
+    args = parser.parse_args(argv)
+    parent = os.getppid()
+    try:
+        config = Config.from_env(os.environ)
+    except NotInLich:
+        return 0  # outside lich: never poll, say nothing
+    except BadConfig as exc:
+        print(f"lich-control: {exc}", file=sys.stderr)
+        return 2
+    try:
+        ensure_run_dir(config.run_dir)
+        problem = socket_too_long(config.path("sock"))
+        if problem:
+            raise BadConfig(problem)
+    except BadConfig as exc:
+        print(f"lich-control: {exc}", file=sys.stderr)
+        return 2
+    return run(config, args.engine, parent)
+
+
+def run(config: Config, engine_name: str, parent: int) -> int:
+    logs.setup(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
+    lock = SessionLock(config.path("lock"))
+    if not lock.acquire(_lock_wait()):
+        print(f"lich-control: another daemon is still polling for session {config.session_id}; exiting", file=sys.stderr)
+        logging.shutdown()
+        os._exit(1)
+
+    turns = Turns()
+    socket_path = config.path("sock")
+    activity = Activity(config.session_id, engine_name, turns, files={"socket": socket_path, "log_file": config.path("log")})
+    holder = {}
+
+    def stop(reason: str) -> None:
+        daemon = holder.get("daemon")
+        if daemon is not None:
+            daemon.request_stop(reason)
+
+    if engine_name == "sim":
+        from .sim import SimEngine
+
+        engine = SimEngine(turns, report=_sim_report)
+        routes = Routes(_no_relay, _no_relay, activity.snapshot, BadMessage)
+    else:
+        engine = Bridge(sys.stdout.buffer, turns, on_broken=stop)
+        routes = Routes(engine.result, engine.event, activity.snapshot, BadMessage)
+
+    daemon = holder["daemon"] = Daemon(config, engine, turns, activity)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        # The handler only records; the main thread does the stopping.
+        signal.signal(sig, lambda signum, frame: daemon.request_stop(f"got {signal.Signals(signum).name}"))
+    watch = ParentWatch(parent, stop, has_death_signal=set_parent_death_signal())
+
+    server = UnixHttpServer(socket_path, routes)
+    server.listen()
+    if engine_name != "sim":
+        engine.hello(socket_path)
+    watch.start()
+    if not daemon.wait(0):
+        daemon.start()
+    daemon.wait()
+    daemon.shutdown()
+    server.close()
+    lock.release()
+    log.info("stopped: %s", daemon.stop_reason)
+    logging.shutdown()
+    # Threads still parked (a fork that will never answer, a lock waiter)
+    # must not hold the exit: everything worth finishing has finished.
+    os._exit(daemon.exit_code)
+
+
+def _lock_wait() -> float:
+    try:
+        return max(0.0, float(os.environ.get("LICH_CONTROL_LOCK_WAIT", LOCK_WAIT_SECONDS)))
+    except ValueError:
+        return LOCK_WAIT_SECONDS
+
+
+def _no_relay(doc) -> None:
+    log.info("a relay message reached a daemon on the simulated session; ignored")
+
+
+def _sim_report(line: str) -> None:
+    sys.stderr.write(f"session: {line}\n")
+    sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

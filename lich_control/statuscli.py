@@ -1,0 +1,278 @@
+"""lich-mod-status: what this user's daemons are doing, from their `GET /v1/status`.
+
+    lich-mod-status [--json]            one line per daemon in the run folder
+    lich-mod-status SESSION [--json]    everything one daemon tells
+
+Daemons are found as sockets in the run folder (`config.run_dir`'s rules);
+a socket nothing answers on is reported as stale. Exit 0 when a daemon
+answered for what was asked, 1 otherwise. Standard library only: the
+socket is reached by an `HTTPConnection` whose `connect` dials AF_UNIX.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import stat
+import sys
+from typing import List, Optional
+
+import attrs
+
+from . import __version__
+from .config import run_dir, session_path
+
+TIMEOUT = 2.0
+
+
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float = TIMEOUT):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+@attrs.frozen
+class Found:
+    """One socket in the run folder: its daemon's status, or why none answered."""
+
+    socket: str
+    status: Optional[dict] = None
+    stale: Optional[str] = None
+
+    @property
+    def session(self) -> str:
+        if self.status is not None:
+            return self.status["daemon"]["session_id"]
+        return os.path.basename(self.socket)[: -len(".sock")]
+
+    def to_json(self) -> dict:
+        return {"socket": self.socket, "session_id": self.session, "status": self.status, "stale": self.stale}
+
+
+def ask(path: str, timeout: float = TIMEOUT) -> Found:
+    conn = UnixConnection(path, timeout)
+    try:
+        conn.request("GET", "/v1/status")
+        resp = conn.getresponse()
+        body = resp.read()
+    except (ConnectionRefusedError, FileNotFoundError):
+        return Found(path, stale="stale socket: nothing answers")
+    except socket.timeout:
+        return Found(path, stale=f"stale socket: no answer within {timeout:g} s")
+    except (OSError, http.client.HTTPException) as exc:
+        return Found(path, stale=f"stale socket: {type(exc).__name__}")
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return Found(path, stale=f"the socket answered {resp.status}")
+    try:
+        return Found(path, status=json.loads(body))
+    except ValueError:
+        return Found(path, stale="the socket answered with something that is not JSON")
+
+
+def sockets(folder: str) -> List[str]:
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            if name.endswith(".sock") and stat.S_ISSOCK(os.lstat(path).st_mode):
+                found.append(path)
+        except OSError:
+            continue  # removed while we looked
+    return found
+
+
+# -- words for people -------------------------------------------------------
+
+
+def age(seconds: Optional[float], suffix: str = " ago") -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 10:
+        return f"{seconds:.1f} s{suffix}"
+    if seconds < 90:
+        return f"{seconds:.0f} s{suffix}"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min{suffix}"
+    return f"{seconds / 3600:.1f} h{suffix}"
+
+
+def state(status: dict) -> str:
+    poll = status["poll"]
+    if poll["state"] == "backing off":
+        return f"backing off {poll['backoff']:g} s"
+    if poll["state"] == "stopped":
+        return f"stopped: {poll['reason']}"
+    if poll["state"] == "starting":
+        return "starting"
+    return poll["state"]
+
+
+def overrides(status: dict) -> str:
+    chosen = [f"{k}={v}" for k, v in status["overrides"].items() if v is not None]
+    return " ".join(chosen) or "-"
+
+
+def in_flight(status: dict) -> str:
+    parts = [f"{e['kind']} {e['id']} ({e['waiting_on']})" for e in status["in_flight"]]
+    return ", ".join(parts) or "-"
+
+
+def counts(status: dict) -> str:
+    parts = [f"{kind} {c['ok']}/{c['failed']}" for kind, c in sorted(status["counts"].items())]
+    return " ".join(parts) or "-"
+
+
+def outcome(entry: dict) -> str:
+    text = "ok" if entry["ok"] else f"failed: {entry['error']}"
+    return text if entry["ack"] == "sent" else f"{text} (ack not delivered)"
+
+
+class Paint:
+    """ANSI colour on a terminal, plain text elsewhere (and under NO_COLOR)."""
+
+    CODES = {"green": "32", "yellow": "33", "red": "31", "dim": "2", "bold": "1"}
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def __call__(self, text: str, colour: str) -> str:
+        return f"\033[{self.CODES[colour]}m{text}\033[0m" if self.enabled else text
+
+    def state(self, text: str) -> str:
+        colour = "green" if text == "polling" else "yellow" if text.startswith(("backing", "polling")) else "red"
+        return self(text, colour)
+
+
+def table(rows: List[List[str]], paint: Paint, coloured_column: Optional[int] = None) -> List[str]:
+    """Aligned columns; padding is measured before any colour is added."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = []
+        for i, cell in enumerate(row):
+            padded = cell.ljust(widths[i]) if i < len(row) - 1 else cell
+            if n == 0:
+                padded = paint(padded, "bold")
+            elif i == coloured_column:
+                padded = padded.replace(cell, paint.state(cell), 1)
+            cells.append(padded)
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def overview(found: List[Found], paint: Paint) -> List[str]:
+    rows = [["SESSION", "PID", "STATE", "LAST POLL", "TURN", "OVERRIDES", "IN FLIGHT", "DONE (ok/failed)", "UPTIME"]]
+    for f in found:
+        s = f.status
+        if s is None:
+            rows.append([f.session, "-", f.stale, "-", "-", "-", "-", "-", "-"])
+            continue
+        rows.append(
+            [
+                f.session,
+                str(s["daemon"]["pid"]),
+                state(s),
+                age(s["poll"].get("last_poll_age_s")),
+                s["turn"] or "-",
+                overrides(s),
+                in_flight(s),
+                counts(s),
+                age(s["daemon"]["uptime_s"], ""),
+            ]
+        )
+    return table(rows, paint, coloured_column=2)
+
+
+def detail(f: Found, paint: Paint) -> List[str]:
+    s = f.status
+    d, poll = s["daemon"], s["poll"]
+    why = f" ({poll['reason']})" if poll["state"] == "backing off" and poll["reason"] else ""
+    retry = f", next poll in {poll['retry_in_s']:g} s" if poll.get("retry_in_s") is not None else ""
+    fields = [
+        ["session", d["session_id"]],
+        ["pid", f"{d['pid']} ({d['engine']} engine, version {d['version']})"],
+        ["state", state(s) + why + retry],
+        ["last poll", f"sent {age(poll.get('last_poll_age_s'))}, last answered {age(poll['last_answer_age_s'])} ({poll['polls']} polls, {poll['failures']} failed)"],
+        ["turn", s["turn"] or "none running"],
+        ["overrides", overrides(s)],
+        ["in flight", "; ".join(f"{e['kind']} {e['id']} waiting on {e['waiting_on']} for {age(e['age_s'], '')}" for e in s["in_flight"]) or "-"],
+        ["done", counts(s) + "  (ok/failed per kind)"],
+        ["uptime", age(d["uptime_s"], "")],
+        ["socket", d.get("socket", f.socket)],
+        ["log", d.get("log_file") or "-"],
+    ]
+    lines = []
+    for name, value in fields:
+        lines.append(f"{paint(name.ljust(12), 'bold')}{paint.state(value) if name == 'state' else value}")
+    lines.append("")
+    lines.append(paint("recent commands", "bold"))
+    if s["recent"]:
+        rows = [["ID", "KIND", "OUTCOME", "TOOK", "WHEN"]]
+        for r in reversed(s["recent"][-10:]):
+            took = "-" if r["took_ms"] is None else f"{r['took_ms']:g} ms"
+            rows.append([r["id"], r["kind"], outcome(r), took, age(r["age_s"])])
+        lines.extend("  " + line for line in table(rows, paint))
+    else:
+        lines.append("  none yet")
+    lines.append("")
+    lines.append(paint("last errors", "bold"))
+    for e in reversed(s["errors"][-5:]):
+        lines.append(f"  {age(e['age_s']).ljust(12)}{e['what']}")
+    if not s["errors"]:
+        lines.append("  none")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="lich-mod-status", description="What this user's lich-mod-daemons are doing.")
+    parser.add_argument("session", nargs="?", help="show everything about this session's daemon")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.add_argument("--version", action="version", version=__version__)
+    args = parser.parse_args(argv)
+    folder = run_dir(os.environ)
+    paint = Paint(sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+
+    if args.session is not None:
+        path = session_path(folder, args.session, "sock")
+        if not os.path.exists(path):
+            if args.json:
+                print(json.dumps({"session_id": args.session, "socket": path, "status": None, "stale": "no socket"}))
+            print(f"lich-mod-status: no daemon for session {args.session} (no {path})", file=sys.stderr)
+            return 1
+        found = ask(path)
+        if args.json:
+            print(json.dumps(found.to_json(), ensure_ascii=False))
+        elif found.status is not None:
+            print("\n".join(detail(found, paint)))
+        if found.status is None:
+            print(f"lich-mod-status: session {args.session}: {found.stale} ({path})", file=sys.stderr)
+            return 1
+        return 0
+
+    everything = [ask(path) for path in sockets(folder)]
+    everything.sort(key=lambda f: f.session)
+    if args.json:
+        print(json.dumps({"run_dir": folder, "daemons": [f.to_json() for f in everything]}, ensure_ascii=False))
+    elif everything:
+        print("\n".join(overview(everything, paint)))
+    if not any(f.status is not None for f in everything):
+        print(f"lich-mod-status: no daemon answers in {folder}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""In-process stand-ins for the tests of one object at a time."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+from lich_control.engine import CallResult
+from lich_control.lich import AckFailed
+
+
+class ScriptedClient:
+    """A LichClient whose polls follow a script and whose acks are recorded.
+
+    Each script entry is a list (the poll's answer) or an exception to raise.
+    Once the script runs out, a poll blocks until `abandon` (as a parked poll would).
+    """
+
+    def __init__(self, script=(), ack_errors=()):
+        self.script = list(script)
+        self.ack_errors = list(ack_errors)
+        self.acks = []
+        self.polls = 0
+        self.abandoned = threading.Event()
+        self.cond = threading.Condition()
+
+    def poll(self):
+        self.polls += 1
+        if self.script:
+            step = self.script.pop(0)
+            if isinstance(step, BaseException):
+                raise step
+            return step
+        self.abandoned.wait(10)
+        from lich_control.lich import PollFailed
+
+        raise PollFailed("abandoned")
+
+    def ack(self, ack):
+        with self.cond:
+            error = self.ack_errors.pop(0) if self.ack_errors else None
+            if error is None:
+                self.acks.append(ack)
+            self.cond.notify_all()
+        if error is not None:
+            raise error
+
+    def wait_acks(self, n, timeout=5.0):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.acks) >= n, timeout), f"only {len(self.acks)} acks: {self.acks}"
+            return list(self.acks)
+
+    def abandon(self):
+        self.abandoned.set()
+
+    def close(self):
+        pass
+
+
+class FakeEngine:
+    """Records every call and hands back a Future the test settles."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.calls = []
+        self.cond = threading.Condition()
+
+    def _call(self, method, *args):
+        future = Future()
+        with self.cond:
+            self.calls.append((method, args, future))
+            self.cond.notify_all()
+        return future
+
+    def submit_prompt(self, text, as_user=False):
+        return self._call("prompt.submit", text, as_user)
+
+    def abort_turn(self, turn_id):
+        return self._call("turn.abort", turn_id)
+
+    def run_command(self, name, args):
+        return self._call("command.run", name, args)
+
+    def fork(self, prompt):
+        return self._call("model.fork", prompt)
+
+    def set_overrides(self, overrides):
+        return self._call("overrides.set", overrides)
+
+    def wait_calls(self, n, timeout=5.0):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.calls) >= n, timeout), f"only {len(self.calls)} calls: {self.calls}"
+            return list(self.calls)
+
+    def settle(self, index, value=None, error=None):
+        future = self.calls[index][2]
+        future.set_result(CallResult.failed(error) if error is not None else CallResult.answered(value))
+
+
+def refused(reason="400 nope"):
+    return AckFailed(f"lich refused it: {reason}", refused=True)

@@ -1,0 +1,124 @@
+"""Plays the Claude Code relay over the real bridge: the daemon as a subprocess,
+its stdout read line by line, results and events posted over its Unix socket."""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout=10.0):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def unix_request(path, method, url, body=None, headers=None, timeout=10.0):
+    conn = UnixConnection(path, timeout)
+    try:
+        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+        conn.request(method, url, body=data, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+class Relay:
+    """The daemon started the way the relay starts it, and the relay's half of the bridge."""
+
+    def __init__(self, env, args=(), stdin=subprocess.PIPE):
+        full = dict(os.environ)
+        for name in ("LICH_PORT", "LICH_TOKEN", "LICH_SESSION_ID"):
+            full.pop(name, None)
+        full.update(env)
+        full["PYTHONPATH"] = ROOT + os.pathsep + full.get("PYTHONPATH", "")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lich_control.daemon", *args],
+            cwd=ROOT,
+            env=full,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.lines = queue.Queue()
+        self.stderr_lines = []
+        self.hello = None
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read_stdout(self):
+        for raw in self.proc.stdout:
+            self.lines.put(json.loads(raw))
+        self.lines.put(None)
+
+    def _read_stderr(self):
+        for raw in self.proc.stderr:
+            self.stderr_lines.append(raw.decode("utf-8", "replace"))
+
+    def next_line(self, timeout=10.0):
+        line = self.lines.get(timeout=timeout)
+        if line is None:
+            raise AssertionError("the daemon closed its stdout")
+        return line
+
+    def wait_hello(self, timeout=10.0):
+        self.hello = self.next_line(timeout)
+        assert self.hello["op"] == "hello", self.hello
+        return self.hello
+
+    def next_call(self, timeout=10.0):
+        line = self.next_line(timeout)
+        assert line["op"] == "call", line
+        return line
+
+    @property
+    def socket(self):
+        return self.hello["socket"]
+
+    def post(self, url, body):
+        return unix_request(self.socket, "POST", url, body, {"Content-Type": "application/json"})
+
+    def result(self, call_id, value=None, error=None):
+        body = {"id": call_id, "ok": False, "error": error} if error is not None else {"id": call_id, "ok": True, "value": value}
+        status, _ = self.post("/v1/result", body)
+        assert status == 204, status
+
+    def event(self, name, turn_id):
+        status, _ = self.post("/v1/event", {"event": name, "turnId": turn_id})
+        assert status == 204, status
+
+    def status(self):
+        status, body = unix_request(self.socket, "GET", "/v1/status")
+        assert status == 200, status
+        return json.loads(body)
+
+    def wait_exit(self, timeout=10.0):
+        return self.proc.wait(timeout)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream:
+                try:
+                    stream.close()
+                except OSError:
+                    pass

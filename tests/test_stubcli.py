@@ -1,0 +1,137 @@
+"""`lich-stub control` and `ask`, run as subprocesses, through a real daemon on the simulated session.
+
+The lich is in-process with its runtime file in the test's run folder, as
+`lich-stub serve` would write it; the daemon's turns last 60 s so a turn
+stays open until the test aborts it.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from lich_control.stub import StubLich
+from lich_control.stubcli import RUNTIME_NAME, write_runtime
+from relay import ROOT, Relay
+
+WAIT = 10.0
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("cli"))
+    with StubLich() as lich:
+        write_runtime(os.path.join(run_dir, RUNTIME_NAME), lich.port, lich.token)
+        env = {
+            "LICH_PORT": str(lich.port),
+            "LICH_TOKEN": lich.token,
+            "LICH_SESSION_ID": "s1",
+            "LICH_CONTROL_RUN_DIR": run_dir,
+            "LICH_SIM_TURN_SECONDS": "60",
+            "LICH_SIM_FORK_SECONDS": "0.05",
+        }
+        daemon = Relay(env, args=("--engine", "sim"))
+        try:
+            assert lich.wait_polled("s1", WAIT), daemon.stderr_lines
+            yield lich, run_dir
+        finally:
+            daemon.stop()
+
+
+def cli(run_dir, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
+    env.update(LICH_CONTROL_RUN_DIR=run_dir, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "lich_control.stub", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+
+
+def no_token(lich, *done):
+    for result in done:
+        assert lich.token not in result.stdout + result.stderr + " ".join(result.args)
+
+
+def test_control_prompt_prints_the_ok_outcome_and_exits_0(world):
+    lich, run_dir = world
+    done = cli(run_dir, "control", "s1", "prompt", "run", "the", "tests")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok: prompt k") and "acked in" in done.stdout
+    assert cli(run_dir, "control", "s1", "abort").returncode == 0
+    no_token(lich, done)
+
+
+def test_ask_prints_the_answer_alone(world):
+    lich, run_dir = world
+    done = cli(run_dir, "ask", "s1", "what", "are", "you", "doing?")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "(simulated) Right now I am working on nothing: the session is idle.\n"
+    assert done.stderr == ""
+
+
+def test_a_failed_ack_exits_1_with_one_line_and_json_gives_one_json_line(world):
+    lich, run_dir = world
+    done = cli(run_dir, "control", "s1", "effort", "turbo", "--json")
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1
+    doc = json.loads(lines[0])
+    assert doc["ok"] is False and doc["ack"]["error"] == "unknown effort" and doc["kind"] == "effort"
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("lich-stub: effort k") and done.stderr.rstrip().endswith("failed: unknown effort")
+    no_token(lich, done)
+
+
+def test_model_set_and_dropped_round_trip(world):
+    lich, run_dir = world
+    assert cli(run_dir, "control", "s1", "model", "sim-opus").returncode == 0
+    dropped = cli(run_dir, "control", "s1", "model", "--json")
+    assert dropped.returncode == 0 and json.loads(dropped.stdout)["ok"] is True
+
+
+def test_a_command_behind_a_running_turn_is_reported_delivered_but_not_acked(world):
+    lich, run_dir = world
+    assert cli(run_dir, "control", "s1", "prompt", "busy").returncode == 0
+    try:
+        done = cli(run_dir, "control", "s1", "command", "compact", "keep", "it", "--timeout", "0.5")
+        assert done.returncode == 1
+        assert "was delivered but not acked within 0.5 s" in done.stderr
+    finally:
+        assert cli(run_dir, "control", "s1", "abort").returncode == 0
+
+
+def test_a_session_with_no_mod_polling_is_refused_at_once_naming_what_to_check(world):
+    lich, run_dir = world
+    done = cli(run_dir, "control", "nobody", "abort")
+    assert done.returncode == 1
+    assert done.stderr.startswith("lich-stub: no mod has polled for session nobody")
+    assert "LICH_SESSION_ID=nobody" in done.stderr
+    no_token(lich, done)
+
+
+def test_without_a_running_serve_control_says_how_to_start_one(tmp_path):
+    done = cli(str(tmp_path), "control", "s1", "abort")
+    assert done.returncode == 1
+    assert "no lich-stub serve is running" in done.stderr
+
+
+def test_serve_writes_a_private_runtime_file_and_removes_it_when_stopped(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
+    env.update(LICH_CONTROL_RUN_DIR=str(tmp_path), PYTHONPATH=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "lich_control.stub", "serve"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            banner = pool.submit(proc.stdout.readline).result(WAIT)
+        path = tmp_path / RUNTIME_NAME
+        assert "listening on 127.0.0.1:" in banner
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        doc = json.loads(path.read_text())
+        assert f":{doc['port']} " in banner and doc["token"] not in banner
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT) == 0
+        assert not path.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT)
+        proc.stdout.close()
+        proc.stderr.close()
