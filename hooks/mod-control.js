@@ -119,8 +119,9 @@ function receive($, line) {
     log($, `lich_control daemon wrote a line that is not JSON (${line.length} chars)`)
     return
   }
-  if (message?.op === 'hello') {
-    log($, `lich_control daemon ${message.pid} (${message.version}) listens on ${message.socket}`)
+  // Without a socket path a fetch would go out over TCP: such a hello is no hello.
+  if (message?.op === 'hello' && typeof message.socket === 'string' && message.socket) {
+    log($, `lich_control daemon ${message.pid} (${message.version}, protocol ${message.protocol}) listens on ${message.socket}`)
     daemon.settle(message.socket)
   } else if (message?.op === 'call') {
     void perform($, message)
