@@ -59,7 +59,7 @@ class Config:
 
 def parse_port(raw: str) -> int:
     text = raw.strip()
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
         shown = raw if len(raw) <= 20 else raw[:20] + "…"
         raise BadConfig(f"LICH_PORT must be a port number from 1 to 65535, not {shown!r}")
     return int(text)
@@ -92,6 +92,11 @@ def ensure_run_dir(path: str) -> None:
     """
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
+    except FileExistsError:
+        pass  # a file, or a link, by that name: judged below
+    except OSError as exc:
+        raise BadConfig(f"cannot create the run folder {path}: {exc.strerror}") from None
+    try:
         info = os.lstat(path)
     except OSError as exc:
         raise BadConfig(f"cannot create the run folder {path}: {exc.strerror}") from None

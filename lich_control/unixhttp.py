@@ -6,6 +6,7 @@ the reads block until the relay speaks or `close` shuts the socket.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -69,11 +70,18 @@ class UnixHttpServer:
         while not self._closing.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except OSError:
+            except OSError as exc:
                 if self._closing.is_set():
                     return
-                log.exception("accepting on %s failed", self.path)
-                continue
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors or memory: back off briefly, not spin.
+                    log.warning("accepting on %s failed: %s", self.path, exc.strerror)
+                    self._closing.wait(0.1)
+                    continue
+                if exc.errno == errno.ECONNABORTED:
+                    continue
+                log.error("the socket %s stopped accepting: %s", self.path, exc.strerror)
+                return
             threading.Thread(target=self._serve, args=(conn,), name="lich-socket-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:

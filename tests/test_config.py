@@ -1,0 +1,68 @@
+import os
+import stat
+
+import pytest
+
+from lich_control.config import BadConfig, Config, NotInLich, ensure_run_dir, parse_port, run_dir, session_path
+
+FULL = {"LICH_PORT": "4242", "LICH_TOKEN": "t", "LICH_SESSION_ID": "s1", "LICH_CONTROL_RUN_DIR": "/tmp/r"}
+
+
+@pytest.mark.parametrize("missing", ["LICH_PORT", "LICH_TOKEN", "LICH_SESSION_ID"])
+def test_any_variable_missing_or_empty_means_outside_lich(missing):
+    with pytest.raises(NotInLich):
+        Config.from_env({k: v for k, v in FULL.items() if k != missing})
+    with pytest.raises(NotInLich):
+        Config.from_env(dict(FULL, **{missing: ""}))
+
+
+def test_a_full_environment_gives_lich_on_loopback():
+    config = Config.from_env(FULL)
+    assert (config.lich_url, config.session_id) == ("http://127.0.0.1:4242", "s1")
+
+
+@pytest.mark.parametrize("raw", ["0", "65536", "-5", "x", "", "4 2", "１２"])
+def test_a_port_outside_1_to_65535_is_refused_naming_the_problem(raw):
+    with pytest.raises(BadConfig, match="LICH_PORT must be a port number from 1 to 65535"):
+        parse_port(raw)
+
+
+def test_ports_at_the_edges_are_taken():
+    assert (parse_port("1"), parse_port("65535")) == (1, 65535)
+
+
+def test_the_run_folder_follows_the_documented_order():
+    assert run_dir({"LICH_CONTROL_RUN_DIR": "/a", "XDG_RUNTIME_DIR": "/b"}) == "/a"
+    assert run_dir({"XDG_RUNTIME_DIR": "/b"}) == "/b/lich-control"
+    assert run_dir({}).endswith(f"lich-control-{os.getuid()}")
+
+
+def test_a_plain_session_id_names_its_files():
+    assert session_path("/r", "card-7", "sock") == "/r/card-7.sock"
+
+
+@pytest.mark.parametrize("session", ["../escape", "a/b", "x" * 80, ".hidden", "sp ace"])
+def test_an_awkward_session_id_gets_a_short_hashed_name(session):
+    path = session_path("/r", session, "sock")
+    assert os.path.dirname(path) == "/r" and os.path.basename(path).startswith("s-")
+    assert session_path("/r", session, "sock") == path  # stable
+
+
+def test_a_long_run_folder_falls_back_to_the_hashed_name():
+    folder = "/tmp/" + "d" * 90
+    assert os.path.basename(session_path(folder, "s1", "sock")).startswith("s-")
+
+
+def test_the_run_folder_is_made_private(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o755)
+    os.chmod(folder, 0o755)
+    ensure_run_dir(str(folder))
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+
+
+def test_a_run_folder_that_is_a_file_is_refused(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("")
+    with pytest.raises(BadConfig, match="is not a folder"):
+        ensure_run_dir(str(path))
