@@ -1,0 +1,234 @@
+// The relay of the bridge, protocol 1: the lich_control daemon does the
+// contract; this module only starts it, carries its calls onto `$`, posts
+// back results and turn events, and applies its overrides to every request.
+// Only a mod reaches `$`, so this half has to live inside Claude Code.
+
+const RESTARTS = 5
+const FIRST_DELAY_MS = 1000
+
+// One decision per loaded module, however often session.start fires.
+let claimed = false
+let overrides = { model: null, effort: null }
+// Settles with the running daemon's socket once its hello arrives, or with
+// null once it is known that no daemon will run (again): outside lich,
+// events then drain at once instead of piling up behind a hello that
+// never comes.
+let daemon = deferred()
+// The tail of the event chain: each event is posted once the one before it
+// settled, so the daemon sees them in the order the hooks fired.
+let events = Promise.resolve()
+
+/** @type {import('claude-code').Register} */
+export function register(on, options) {
+  const python = String(options.python || 'python3')
+
+  on('session.start', async ($, e, next) => {
+    const started = await next(e)
+    if (!claimed) {
+      claimed = true
+      void supervise($, e.isInteractive, python)
+    }
+    return started
+  })
+
+  // Only the main loop's turn can be aborted with $.turn.abort.
+  on('turn.start', async ($, e, next) => {
+    if (e.agentId === undefined) forward($, 'turn.start', e.turnId)
+    return next(e)
+  })
+
+  // Every end goes over: the daemon ignores the ends of turns it did not record.
+  on('turn.complete', async ($, e, next) => {
+    forward($, 'turn.complete', e.turnId)
+    return next(e)
+  })
+
+  // Applied here from memory, so no model request waits on a round trip.
+  on('turn.step', async function* ($, e, next) {
+    return yield* next(withOverrides(e))
+  })
+}
+
+async function supervise($, isInteractive, python) {
+  if (isInteractive && (await insideLich($))) await keepRunning($, python)
+  daemon.settle(null)
+}
+
+// A `claude -p` run from a tool inside a lich session inherits its variables:
+// isInteractive is what keeps it from taking the parent's commands.
+async function insideLich($) {
+  // Read one by one: $.env.get takes the name as a literal.
+  const port = await $.env.get('LICH_PORT').catch(() => undefined)
+  const token = await $.env.get('LICH_TOKEN').catch(() => undefined)
+  const session = await $.env.get('LICH_SESSION_ID').catch(() => undefined)
+  // The token is only looked at, never kept: the daemon reads it from the
+  // environment it inherits from the host.
+  return Boolean(port && token && session)
+}
+
+async function keepRunning($, python) {
+  // The variables a command hook gets (CLAUDE_PID, CLAUDE_PLUGIN_DATA, ...),
+  // which spawn does not set by itself.
+  const env = await $.process.hookEnv().catch(() => undefined)
+  const request = {
+    argv: [python, '-m', 'lich_control.daemon'],
+    cwd: $.plugin.root,
+    ...(env && { env }),
+  }
+  for (let restarts = 0; ; restarts += 1) {
+    const end = await run($, request)
+    // Its socket went with it: what comes next waits for the next hello.
+    if (daemon.value !== undefined) daemon = deferred()
+    if (end.code === 0) return
+    if (restarts === RESTARTS) {
+      log($, `lich_control daemon ${describe(end)}; not restarting it again`)
+      return
+    }
+    const delay = FIRST_DELAY_MS * 2 ** restarts
+    log($, `lich_control daemon ${describe(end)}; restart ${restarts + 1} of ${RESTARTS} in ${delay} ms`)
+    await $.clock.sleep(delay).catch(() => undefined)
+  }
+}
+
+// Runs the daemon once, to its end; never throws.
+async function run($, request) {
+  let pending = ''
+  try {
+    const child = $.process.spawn(request)
+    for await (const { stream, text } of child) {
+      if (stream === 'stderr') {
+        log($, text.trimEnd())
+        continue
+      }
+      // A piece ends wherever the daemon's write did: keep the unfinished tail.
+      const lines = (pending + text).split('\n')
+      pending = lines.pop()
+      for (const line of lines) if (line.trim()) receive($, line)
+    }
+    return await child.result
+  } catch (err) {
+    return { code: null, signal: null, error: messageOf(err) }
+  }
+}
+
+function receive($, line) {
+  let message
+  try {
+    message = JSON.parse(line)
+  } catch {
+    log($, `lich_control daemon wrote a line that is not JSON (${line.length} chars)`)
+    return
+  }
+  // Without a socket path a fetch would go out over TCP: such a hello is no hello.
+  if (message?.op === 'hello' && typeof message.socket === 'string' && message.socket) {
+    log($, `lich_control daemon ${message.pid} (${message.version}, protocol ${message.protocol}) listens on ${message.socket}`)
+    daemon.settle(message.socket)
+  } else if (message?.op === 'call') {
+    void perform($, message)
+  } else {
+    log($, `lich_control daemon sent an unknown op ${JSON.stringify(message?.op)}`)
+  }
+}
+
+// Started the moment its line is read and never awaited by the reader, so a
+// prompt waiting for an idle session holds up no abort behind it.
+async function perform($, { id, method, args }) {
+  let result
+  try {
+    result = { id, ok: true, value: (await invoke($, method, args)) ?? null }
+  } catch (err) {
+    result = { id, ok: false, error: messageOf(err) }
+  }
+  await post($, '/v1/result', result)
+}
+
+// $ is spelled out call by call: the loader reads what the module calls off
+// its source, so no method name is looked up at run time.
+async function invoke($, method, args) {
+  switch (method) {
+    case 'prompt.submit':
+      return $.prompt.submit(args)
+    case 'turn.abort':
+      return $.turn.abort(args)
+    case 'command.run':
+      return $.command.run(args)
+    case 'model.fork':
+      return $.model.fork(args)
+    case 'overrides.set':
+      overrides = { model: args?.model ?? null, effort: args?.effort ?? null }
+      return null
+    default:
+      throw new Error(`this relay has no method ${method}`)
+  }
+}
+
+function forward($, event, turnId) {
+  events = postAfter($, events, { event, turnId })
+}
+
+async function postAfter($, previous, body) {
+  await previous
+  await post($, '/v1/event', body)
+}
+
+// Waits for the daemon's socket, then posts; never throws.
+async function post($, path, body) {
+  const socketPath = await daemon.promise
+  if (socketPath === null) return
+  try {
+    const response = await $.http.fetch(`http://lich-control${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+      socketPath,
+    })
+    if (!response.ok) {
+      log($, `lich_control daemon answered ${response.status} to ${path}: ${response.text.trim()}`)
+    }
+  } catch (err) {
+    log($, `lich_control daemon unreachable for ${path}: ${messageOf(err)}`)
+  }
+}
+
+function withOverrides(step) {
+  const { model, effort } = overrides
+  if (model === null && effort === null) return step
+  return {
+    ...step,
+    ...(model !== null && { model }),
+    ...(effort !== null && { effort }),
+  }
+}
+
+// A promise with its resolver beside it; `value` stays undefined until the
+// first settle, and later ones change nothing.
+function deferred() {
+  const box = { value: undefined }
+  box.promise = new Promise(resolve => {
+    box.settle = value => {
+      if (box.value !== undefined) return
+      box.value = value
+      resolve(value)
+    }
+  })
+  return box
+}
+
+function describe(end) {
+  if (end.error !== undefined) return `could not run (${end.error})`
+  if (end.signal) return `was ended by ${end.signal}`
+  return `exited with ${end.code}`
+}
+
+// The debug log alone: what the relay has to say is for whoever debugs it.
+function log($, text) {
+  try {
+    $.ui.log(text, { to: 'debug' })
+  } catch {
+    // Nothing the relay does may fail a turn, logging included.
+  }
+}
+
+function messageOf(err) {
+  return err instanceof Error ? err.message : String(err)
+}

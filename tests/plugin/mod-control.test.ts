@@ -1,0 +1,366 @@
+// The relay inside the real engine: the test stands beneath it as the host
+// (the daemon's process, its socket, the $ calls) and checks what crosses.
+import { describe, expect, test } from 'claude-code/testing'
+import { LICH, World, answered, step } from './world.ts'
+
+const INTERACTIVE = { cwd: '/home/me/project', surface: 'terminal', isInteractive: true } as const
+
+describe('the gate', () => {
+  for (const name of Object.keys(LICH)) {
+    for (const [how, env] of [
+      ['unset', without(name)],
+      ['empty', { ...LICH, [name]: '' }],
+    ] as const) {
+      test(`${name} ${how}: no daemon`, async ($, on) => {
+        const world = new World(on, env)
+        await $.session.start(INTERACTIVE)
+        await world.clock.settle()
+        expect(world.children).toHaveLength(0)
+      })
+    }
+  }
+
+  test('all three set in an interactive session: the daemon starts', async ($, on) => {
+    const world = new World(on)
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    const { argv, cwd, env } = world.child.request
+    expect(argv).toEqual(['python3', '-m', 'lich_control.daemon'])
+    // The plugin's folder, where `pip install .` put lich_control, not the session's.
+    expect(cwd).toStartWith('/')
+    expect(cwd).not.toBe(INTERACTIVE.cwd)
+    expect(env).toEqual({ CLAUDE_PID: '77', CLAUDE_PLUGIN_DATA: '/data/lich-control' })
+    // The token reaches the daemon through the inherited environment alone.
+    expect(JSON.stringify(world.child.request)).not.toContain(LICH.LICH_TOKEN)
+  })
+
+  test('the configured interpreter runs the daemon', { options: { python: '/opt/py/bin/python3.12' } }, async ($, on) => {
+    const world = new World(on)
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    expect(world.child.request.argv[0]).toBe('/opt/py/bin/python3.12')
+  })
+
+  test('a non-interactive run starts nothing and leaves requests alone', async ($, on) => {
+    const world = new World(on)
+    const seen: unknown[] = []
+    on('turn.step', async function* ($, e) {
+      seen.push(e)
+      return answered(e)
+    })
+    await $.session.start({ cwd: '/home/me/project', surface: null, isInteractive: false })
+    await world.clock.settle()
+    expect(world.children).toHaveLength(0)
+    await drain($.turn.step(step(0)))
+    expect(seen).toEqual([step(0)])
+  })
+
+  test('two session.starts start one daemon', async ($, on) => {
+    const world = new World(on)
+    await $.session.start(INTERACTIVE)
+    await $.session.start(INTERACTIVE)
+    await world.clock.settle()
+    expect(world.children).toHaveLength(1)
+  })
+})
+
+describe('calls', () => {
+  test('each bridge method is performed with its args and its result posted', async ($, on) => {
+    const world = new World(on)
+    const beneath: Record<string, unknown> = {}
+    on('prompt.submit', ($, e) => {
+      beneath.prompt = { text: e.text, origin: e.origin }
+      return { text: e.text }
+    })
+    on('turn.abort', ($, e) => {
+      beneath.abort = e
+      return { value: undefined }
+    })
+    on('command.run', ($, e) => {
+      beneath[`command ${e.command}`] = { command: e.command, args: e.args }
+      return { text: `ran ${e.command}` }
+    })
+    on('model.fork', ($, e) => {
+      beneath.fork = e
+      return { value: { isAnswered: true, text: 'Fixing the login test.', usage: USAGE } }
+    })
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    world.child.hello('/run/lich-control/s1.sock')
+    world.child.call('c7', 'prompt.submit', { text: 'run the tests' })
+    world.child.call('c8', 'prompt.submit', { text: '<task-notification>…', asUser: true })
+    world.child.call('c9', 'turn.abort', { turnId: 't1' })
+    world.child.call('c10', 'command.run', { command: 'compact', args: 'keep the test plan' })
+    world.child.call('c11', 'command.run', { command: 'clear' })
+    world.child.call('c12', 'model.fork', { prompt: '<preamble>Question: what are you working on?' })
+    await world.untilResults(6)
+
+    expect(beneath.prompt).toEqual({
+      text: '<task-notification>…',
+      origin: { kind: 'plugin', name: 'lich-control', asUser: true },
+    })
+    expect(beneath.abort).toEqual({ turnId: 't1' })
+    expect(beneath['command compact']).toEqual({ command: 'compact', args: 'keep the test plan' })
+    expect(beneath['command clear']).toEqual({ command: 'clear', args: '' })
+    expect(beneath.fork).toEqual({ prompt: '<preamble>Question: what are you working on?' })
+
+    expect(byId(world.results())).toEqual({
+      c7: { id: 'c7', ok: true, value: { text: 'run the tests' } },
+      c8: { id: 'c8', ok: true, value: { text: '<task-notification>…' } },
+      c9: { id: 'c9', ok: true, value: null },
+      c10: { id: 'c10', ok: true, value: { text: 'ran compact' } },
+      c11: { id: 'c11', ok: true, value: { text: 'ran clear' } },
+      c12: { id: 'c12', ok: true, value: { isAnswered: true, text: 'Fixing the login test.', usage: USAGE } },
+    })
+    expect(world.posts.every(post => post.socket === '/run/lich-control/s1.sock')).toBe(true)
+  })
+
+  test('a prompt waiting for an idle session holds up no call behind it', async ($, on) => {
+    const world = new World(on)
+    let startTurn = () => {}
+    on('prompt.submit', async ($, e) => {
+      await new Promise<void>(resolve => (startTurn = resolve))
+      return { text: e.text }
+    })
+    on('turn.abort', () => ({ value: undefined }))
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    world.child.hello('/s1')
+    world.child.call('c1', 'prompt.submit', { text: 'run the tests' })
+    world.child.call('c2', 'turn.abort', { turnId: 't0' })
+    await world.untilResults(1)
+    expect(world.results()).toEqual([{ id: 'c2', ok: true, value: null }])
+    startTurn()
+    await world.untilResults(2)
+    expect(world.results()[1]).toEqual({ id: 'c1', ok: true, value: { text: 'run the tests' } })
+  })
+
+  test('a rejected call is posted as an error with its message', async ($, on) => {
+    const world = new World(on)
+    on('turn.abort', () => ({ deny: 't1 is not the running turn' }))
+    on('model.fork', () => ({ deny: 'fork blew up' }))
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    world.child.hello('/s1')
+    world.child.call('c9', 'turn.abort', { turnId: 't1' })
+    world.child.call('c12', 'model.fork', { prompt: 'q' })
+    world.child.call('c13', 'session.rewind', {})
+    await world.untilResults(3)
+    const results = byId(world.results())
+    expect(results.c9).toEqual({ id: 'c9', ok: false, error: expect.stringContaining('t1 is not the running turn') })
+    expect(results.c12).toEqual({ id: 'c12', ok: false, error: expect.stringContaining('fork blew up') })
+    expect(results.c13).toEqual({ id: 'c13', ok: false, error: expect.stringContaining('session.rewind') })
+  })
+
+  test('lines split across pieces, and pieces holding several, are read whole', async ($, on) => {
+    const world = new World(on)
+    const prompts: string[] = []
+    on('prompt.submit', ($, e) => {
+      prompts.push(e.text)
+      return { text: e.text }
+    })
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    const hello = JSON.stringify({ op: 'hello', protocol: 1, pid: 1, socket: '/s1', version: '0.1.0' })
+    const call = (id: string, text: string) =>
+      JSON.stringify({ op: 'call', id, method: 'prompt.submit', args: { text } })
+    world.child.write(hello.slice(0, 7))
+    world.child.write(hello.slice(7, 30))
+    world.child.write(hello.slice(30) + '\n' + call('a', 'one') + '\n' + call('b', 'two ✓').slice(0, 40))
+    world.child.write('daemon: polling\n', 'stderr')
+    world.child.write(call('b', 'two ✓').slice(40) + '\n' + call('c', 'three\nlines') + '\n')
+    await world.untilResults(3)
+    expect(prompts.sort()).toEqual(['one', 'three\nlines', 'two ✓'])
+    expect(world.posts.every(post => post.socket === '/s1')).toBe(true)
+    // What the daemon says on stderr reaches the debug log, not the call reader.
+    expect(world.logs).toContain('daemon: polling')
+  })
+})
+
+describe('events', () => {
+  test('turn events queued before the hello are posted after it, in hook order, one at a time', async ($, on) => {
+    const world = new World(on)
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    await $.turn.start({ text: 'go', turnId: 't1' })
+    await $.turn.start({ text: 'look around', turnId: 't2', agentId: 'a1' })
+    await $.turn.complete({ answer: '', durationMs: 5, isAborted: false, turnId: 't2', agentId: 'a1', reason: 'answer' })
+    await $.turn.complete({ answer: 'done', durationMs: 9, isAborted: false, turnId: 't1', reason: 'answer' })
+    await world.clock.settle()
+    expect(world.posts).toHaveLength(0)
+
+    // The first post is held: the next must wait for it, not race it.
+    world.holdPath = '/v1/event'
+    world.child.hello('/s1')
+    await world.clock.settle()
+    expect(world.posts).toHaveLength(0)
+    world.release()
+    await world.untilEvents(3)
+    await world.clock.settle()
+    expect(world.events()).toEqual([
+      { event: 'turn.start', turnId: 't1' },
+      { event: 'turn.complete', turnId: 't2' },
+      { event: 'turn.complete', turnId: 't1' },
+    ])
+    expect(world.posts.every(post => post.socket === '/s1')).toBe(true)
+  })
+
+  test('outside lich no event is posted', async ($, on) => {
+    const world = new World(on, without('LICH_TOKEN'))
+    await $.session.start(INTERACTIVE)
+    await $.turn.start({ text: 'go', turnId: 't1' })
+    await $.turn.complete({ answer: '', durationMs: 1, isAborted: false, turnId: 't1', reason: 'answer' })
+    await world.clock.settle()
+    expect(world.posts).toHaveLength(0)
+  })
+})
+
+describe('overrides', () => {
+  test('applied to every turn.step from memory, and dropped by nulls', async ($, on) => {
+    const world = new World(on)
+    const sent: any[] = []
+    on('turn.step', async function* ($, e) {
+      sent.push(e)
+      return answered(e)
+    })
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    world.child.hello('/s1')
+    const set = async (id: string, args: object) => {
+      world.child.call(id, 'overrides.set', args)
+      await world.until(() => world.results().some(result => result.id === id))
+      expect(world.results().find(result => result.id === id)).toEqual({ id, ok: true, value: null })
+    }
+
+    await drain($.turn.step(step(0)))
+    await set('c1', { model: 'claude-opus-4-1', effort: null })
+    await drain($.turn.step(step(1)))
+    await drain($.turn.step(step(2, 't2')))
+    await set('c2', { model: null, effort: 'high' })
+    await drain($.turn.step(step(3)))
+    await set('c3', { model: 'haiku', effort: 'max' })
+    await drain($.turn.step({ ...step(4), agentId: 'a1' }))
+    await set('c4', { model: null, effort: null })
+    await drain($.turn.step(step(5)))
+
+    expect(sent).toEqual([
+      step(0),
+      { ...step(1), model: 'claude-opus-4-1' },
+      { ...step(2, 't2'), model: 'claude-opus-4-1' },
+      { ...step(3), effort: 'high' },
+      { ...step(4), agentId: 'a1', model: 'haiku', effort: 'max' },
+      step(5),
+    ])
+  })
+
+  test('the response streams through unchanged', async ($, on) => {
+    const world = new World(on)
+    on('turn.step', async function* ($, e) {
+      yield { kind: 'text', index: 0, text: 'hel' }
+      yield { kind: 'text', index: 0, text: 'lo' }
+      return { ...answered(e), answer: 'hello' }
+    })
+    await $.session.start(INTERACTIVE)
+    const stream = $.turn.step(step(0))
+    const texts: string[] = []
+    let read = await stream.next()
+    for (; !read.done; read = await stream.next()) {
+      if (read.value.kind === 'text') texts.push(read.value.text)
+    }
+    expect(texts).toEqual(['hel', 'lo'])
+    expect(read.value.answer).toBe('hello')
+    expect(world.children).toHaveLength(1)
+  })
+})
+
+describe('restarts', () => {
+  // Each move of the mocked clock waits for the live child's stream to go
+  // quiet, about a second of real time, and this test makes eight.
+  test('a daemon that crashes is restarted after a growing delay, at most five times', { timeoutMs: 30_000 }, async ($, on) => {
+    const world = new World(on)
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    world.child.hello('/s1')
+    world.child.exit(1)
+    await world.untilLogged('restart 1 of 5 in 1000 ms')
+    await world.clock.advance(999)
+    expect(world.children).toHaveLength(1)
+    await world.clock.advance(1)
+    await world.untilSpawned(2)
+
+    world.child.exit(null, 'SIGKILL')
+    await world.untilLogged('restart 2 of 5 in 2000 ms')
+    await world.clock.advance(1999)
+    expect(world.children).toHaveLength(2)
+    await world.clock.advance(1)
+    await world.untilSpawned(3)
+
+    for (let spawned = 3; spawned <= 5; spawned += 1) {
+      world.child.exit(2)
+      await world.untilLogged(`restart ${spawned} of 5 in ${1000 * 2 ** (spawned - 1)} ms`)
+      await world.clock.advance(60_000)
+      await world.untilSpawned(spawned + 1)
+    }
+    world.child.exit(2)
+    await world.untilLogged('not restarting it again')
+    await world.clock.advance(600_000)
+    expect(world.children).toHaveLength(6)
+  })
+
+  test('the restarted daemon gets the results and events from then on', async ($, on) => {
+    const world = new World(on)
+    on('turn.abort', () => ({ value: undefined }))
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    world.child.hello('/s1')
+    world.child.exit(null, 'SIGSEGV')
+    await world.untilLogged('restart 1 of 5')
+    // Fired while no daemon listens: held for the next one's hello.
+    await $.turn.start({ text: 'go', turnId: 't1' })
+    await world.clock.advance(1000)
+    await world.untilSpawned(2)
+    world.child.hello('/s2')
+    world.child.call('c1', 'turn.abort', { turnId: 't1' })
+    await world.untilResults(1)
+    await world.untilEvents(1)
+    expect(world.posts.map(post => post.socket)).toEqual(['/s2', '/s2'])
+  })
+
+  test('a daemon that exits 0 is not restarted', async ($, on) => {
+    const world = new World(on)
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    world.child.exit(0)
+    await world.clock.settle()
+    await world.clock.advance(600_000)
+    expect(world.children).toHaveLength(1)
+    expect(world.logs.some(line => line.includes('restart'))).toBe(false)
+  })
+
+  test('a daemon that cannot start counts as a crash', async ($, on) => {
+    const world = new World(on)
+    world.refuseSpawn = 'no such file: python3'
+    await $.session.start(INTERACTIVE)
+    await world.untilLogged('restart 1 of 5 in 1000 ms')
+    expect(world.logs.find(line => line.includes('restart 1'))).toContain('no such file: python3')
+    await world.clock.advance(1000)
+    await world.until(() => world.spawnTries === 2)
+  })
+})
+
+const USAGE = { input_tokens: 10, output_tokens: 5, cache_read_input_tokens: 0, cache_creation_input_tokens: 0 }
+
+function without(name: string): Record<string, string> {
+  const env: Record<string, string> = { ...LICH }
+  delete env[name]
+  return env
+}
+
+function byId(results: any[]): Record<string, any> {
+  return Object.fromEntries(results.map(result => [result.id, result]))
+}
+
+// Reads a stream to its end, as the engine reads a model response.
+async function drain(stream: AsyncGenerator<unknown, unknown>) {
+  for await (const _ of stream);
+}

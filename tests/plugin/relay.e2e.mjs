@@ -1,0 +1,337 @@
+// End to end, with Node's own test runner and nothing installed: the relay
+// (hooks/mod-control.js) runs on a `$` whose process.spawn starts the real
+// Python daemon and whose http.fetch really speaks HTTP over its Unix
+// socket, against a loopback lich written here. Commands queued in lich
+// must reach the fake session through both halves and come back as acks.
+//
+//   node --test tests/plugin/relay.e2e.mjs     (PYTHON picks the interpreter)
+//
+// It holds to bridge.md and the contract only, so any conforming daemon passes.
+import { spawn } from 'node:child_process'
+import { once, EventEmitter } from 'node:events'
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import http from 'node:http'
+import { tmpdir } from 'node:os'
+import { dirname, join } from 'node:path'
+import { after, before, test } from 'node:test'
+import { fileURLToPath } from 'node:url'
+import assert from 'node:assert/strict'
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..')
+const VERSION = JSON.parse(readFileSync(join(ROOT, '.claude-plugin', 'plugin.json'), 'utf8')).version
+const TOKEN = 'e2e-secret-token-5f3a'
+const SESSION = 'card-e2e'
+const ASK = 'what are you working on?'
+
+// The lich end of the contract: a long poll that hands out what the test
+// queues, and an ack endpoint that records what comes back.
+class FakeLich extends EventEmitter {
+  queue = []
+  parked = []
+  acks = []
+  polls = 0
+  refused = []
+
+  async start() {
+    this.server = http.createServer((req, res) => this.#handle(req, res))
+    this.server.listen(0, '127.0.0.1')
+    await once(this.server, 'listening')
+    this.port = this.server.address().port
+  }
+
+  send(...commands) {
+    this.queue.push(...commands)
+    this.#flush()
+  }
+
+  async stop() {
+    for (const res of this.parked.splice(0)) res.end('[]')
+    this.server.closeAllConnections()
+    this.server.close()
+  }
+
+  // Resolves with the ack of command `id` once it arrived.
+  ack(id) {
+    return until(this, 'ack', () => this.acks.find(ack => ack.id === id))
+  }
+
+  #handle(req, res) {
+    const url = new URL(req.url, 'http://lich')
+    const problem = this.#refusal(req, url)
+    if (problem) {
+      this.refused.push(`${req.method} ${url.pathname}: ${problem}`)
+      res.writeHead(401).end()
+      return
+    }
+    if (req.method === 'GET' && url.pathname === '/mod/commands') {
+      this.polls += 1
+      this.parked.push(res)
+      this.emit('poll')
+      this.#flush()
+    } else if (req.method === 'POST' && url.pathname === '/mod/acks') {
+      let body = ''
+      req.setEncoding('utf8').on('data', text => (body += text))
+      req.on('end', () => {
+        this.acks.push(JSON.parse(body))
+        res.writeHead(204).end()
+        this.emit('ack')
+      })
+    } else {
+      res.writeHead(404).end()
+    }
+  }
+
+  #refusal(req, url) {
+    if (url.searchParams.get('token') !== TOKEN) return 'wrong token'
+    if (req.headers['x-lich-plugin'] !== VERSION) return `X-Lich-Plugin ${req.headers['x-lich-plugin']}`
+    if (url.pathname === '/mod/commands' && url.searchParams.get('session_id') !== SESSION) return 'wrong session_id'
+    return null
+  }
+
+  #flush() {
+    if (this.queue.length === 0 || this.parked.length === 0) return
+    const res = this.parked.shift()
+    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(this.queue.splice(0)))
+  }
+}
+
+// Claude Code as far as the relay sees it: the $ it calls and the hooks it
+// fires. The session runs one main-loop turn at a time.
+class FakeSession extends EventEmitter {
+  hooks = {}
+  logs = []
+  children = []
+  prompts = []
+  forks = []
+  steps = []
+  running = null
+  turns = 0
+
+  constructor(env) {
+    super()
+    this.env = env
+    this.$ = this.#engine()
+  }
+
+  async load() {
+    // Imported from its text: a fresh copy of the module's state each time,
+    // and no package.json needed to read a .js file as an ES module.
+    const source = readFileSync(join(ROOT, 'hooks', 'mod-control.js'), 'utf8')
+    const { register } = await import(`data:text/javascript;base64,${Buffer.from(source).toString('base64')}`)
+    register((event, hook) => (this.hooks[event] = hook), { python: process.env.PYTHON || 'python3' })
+  }
+
+  fire(event, e, result) {
+    return this.hooks[event](this.$, e, async () => result)
+  }
+
+  async step(e) {
+    const beneath = async function* (sent) {
+      this.steps.push(sent)
+      this.emit('step')
+      return { turnId: sent.turnId, index: sent.index, answer: '', toolUses: [], stopReason: 'end_turn', usage: null }
+    }.bind(this)
+    const stream = this.hooks['turn.step'](this.$, e, beneath)
+    for await (const _ of stream);
+  }
+
+  async #startTurn(text) {
+    this.turns += 1
+    this.running = `t${this.turns}`
+    await this.fire('turn.start', { text, turnId: this.running }, { turnId: this.running })
+  }
+
+  async #endTurn(isAborted) {
+    const turnId = this.running
+    this.running = null
+    const reason = isAborted ? 'aborted' : 'answer'
+    await this.fire('turn.complete', { answer: '', durationMs: 1, isAborted, turnId, reason }, { text: '' })
+  }
+
+  #engine() {
+    const session = this
+    return {
+      plugin: { name: 'lich-control', root: ROOT },
+      env: { get: async name => session.env[name] },
+      ui: { log: text => session.logs.push(text) },
+      clock: { sleep: ms => new Promise(resolve => setTimeout(resolve, ms).unref()) },
+      process: {
+        hookEnv: async () => ({ CLAUDE_PID: String(process.pid), CLAUDE_PLUGIN_ROOT: ROOT }),
+        spawn: request => session.#spawn(request),
+      },
+      http: { fetch: (url, init) => fetchOverSocket(url, init) },
+      prompt: {
+        // As Claude Code's: resolves once the prompt's turn has started.
+        submit: async args => {
+          session.prompts.push(args)
+          await session.#startTurn(args.text)
+          return { text: args.text }
+        },
+      },
+      turn: {
+        abort: async ({ turnId }) => {
+          if (turnId !== session.running) throw new Error(`${turnId} is not the running turn (${session.running})`)
+          await session.#endTurn(true)
+        },
+      },
+      command: { run: async ({ command }) => ({ text: `ran /${command}` }) },
+      model: {
+        fork: async ({ prompt }) => {
+          session.forks.push(prompt)
+          return { isAnswered: true, text: 'Fixing the login test.', usage: {} }
+        },
+      },
+    }
+  }
+
+  // $.process.spawn: the pieces as they come, then how the child ended.
+  // Like Claude Code's, the child's stdin is /dev/null and its stdout a pipe.
+  #spawn({ argv, cwd, env }) {
+    const child = spawn(argv[0], argv.slice(1), {
+      cwd,
+      env: { ...process.env, ...this.env, ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    })
+    this.children.push(child)
+    const pieces = []
+    let wake = () => {}
+    let end
+    let failure
+    const push = piece => {
+      pieces.push(piece)
+      wake()
+    }
+    child.stdout.setEncoding('utf8').on('data', text => push({ stream: 'stdout', text }))
+    child.stderr.setEncoding('utf8').on('data', text => push({ stream: 'stderr', text }))
+    child.on('error', err => ((failure = err), wake()))
+    child.on('close', (code, signal) => ((end = { code, signal }), wake()))
+    let settle
+    const result = new Promise(resolve => (settle = resolve))
+    const stream = (async function* () {
+      for (;;) {
+        if (pieces.length > 0) yield pieces.shift()
+        else if (failure) throw failure
+        else if (end) return settle(end), end
+        else await new Promise(resolve => (wake = resolve))
+      }
+    })()
+    stream.result = result
+    return stream
+  }
+}
+
+// $.http.fetch over a Unix socket: { status, ok, headers, text } once read.
+function fetchOverSocket(url, { method = 'GET', headers = {}, body, socketPath } = {}) {
+  return new Promise((resolve, reject) => {
+    const { pathname, search, host } = new URL(url)
+    const req = http.request({ socketPath, path: pathname + search, method, headers: { host, ...headers } }, res => {
+      let text = ''
+      res.setEncoding('utf8').on('data', piece => (text += piece))
+      res.on('end', () =>
+        resolve({ status: res.statusCode, ok: res.statusCode >= 200 && res.statusCode < 300, headers: res.headers, text }),
+      )
+    })
+    req.on('error', reject)
+    req.end(body)
+  })
+}
+
+// Resolves with what `found()` returns once it is truthy, re-checked each
+// time `emitter` emits `event`; the runner's timeout bounds the wait.
+function until(emitter, event, found) {
+  return new Promise(resolve => {
+    const check = () => {
+      const value = found()
+      if (!value) return
+      emitter.off(event, check)
+      resolve(value)
+    }
+    emitter.on(event, check)
+    check()
+  })
+}
+
+const lich = new FakeLich()
+let session
+let runDir
+
+before(async () => {
+  await lich.start()
+  runDir = mkdtempSync(join(tmpdir(), 'lcr-'))
+  session = new FakeSession({
+    LICH_PORT: String(lich.port),
+    LICH_TOKEN: TOKEN,
+    LICH_SESSION_ID: SESSION,
+    LICH_CONTROL_RUN_DIR: runDir,
+  })
+  await session.load()
+  await session.fire('session.start', { cwd: ROOT, surface: 'terminal', isInteractive: true }, { cwd: ROOT })
+})
+
+after(async () => {
+  for (const child of session?.children ?? []) if (child.exitCode === null) child.kill('SIGTERM')
+  await lich.stop()
+  rmSync(runDir, { recursive: true, force: true })
+})
+
+test('commands from lich reach the session through the daemon and the relay, and are acked', { timeout: 60_000 }, async t => {
+  await until(lich, 'poll', () => lich.polls > 0)
+
+  await t.test('a prompt starts a turn and is acked once it started', async () => {
+    lich.send({ id: 'm1', kind: 'prompt', text: 'run the tests' })
+    const ack = await lich.ack('m1')
+    assert.deepEqual(ack, { session_id: SESSION, id: 'm1', kind: 'prompt', ok: true })
+    assert.deepEqual(session.prompts, [{ text: 'run the tests' }])
+    assert.equal(session.running, 't1')
+  })
+
+  await t.test('an abort ends the running turn and is acked', async () => {
+    lich.send({ id: 'm2', kind: 'abort' })
+    const ack = await lich.ack('m2')
+    assert.deepEqual(ack, { session_id: SESSION, id: 'm2', kind: 'abort', ok: true })
+    assert.equal(session.running, null)
+  })
+
+  await t.test('an ask forks with the question last and is acked with the answer', async () => {
+    lich.send({ id: 'm3', kind: 'ask', question: ASK })
+    const ack = await lich.ack('m3')
+    assert.deepEqual(ack, { session_id: SESSION, id: 'm3', kind: 'ask', ok: true, answer: 'Fixing the login test.' })
+    assert.equal(session.forks.length, 1)
+    assert.ok(session.forks[0].trimEnd().endsWith(ASK), session.forks[0])
+    assert.ok(session.forks[0].length > ASK.length, 'the question goes behind a preamble')
+  })
+
+  await t.test('a model override is acked and applied to the next request', async () => {
+    lich.send({ id: 'm4', kind: 'model', model: 'claude-opus-4-1' })
+    const ack = await lich.ack('m4')
+    assert.deepEqual(ack, { session_id: SESSION, id: 'm4', kind: 'model', ok: true })
+    await session.step({ turnId: 't2', index: 0, model: 'claude-sonnet-4-5', effort: 'medium', messageCount: 1 })
+    assert.deepEqual(session.steps.at(-1), {
+      turnId: 't2',
+      index: 0,
+      model: 'claude-opus-4-1',
+      effort: 'medium',
+      messageCount: 1,
+    })
+  })
+
+  await t.test('every request to lich carried the token and the plugin header', () => {
+    assert.deepEqual(lich.refused, [])
+  })
+
+  // What Claude Code does when the session ends: a 0 tells the relay not to
+  // start it again.
+  await t.test('the daemon stops on SIGTERM with 0', async () => {
+    assert.equal(session.children.length, 1)
+    const [child] = session.children
+    const exited = once(child, 'exit')
+    child.kill('SIGTERM')
+    assert.deepEqual(await exited, [0, null])
+  })
+
+  await t.test('the token is in no log line and no argument', () => {
+    assert.ok(session.logs.length > 0, 'the relay logged the daemon')
+    for (const line of session.logs) assert.ok(!line.includes(TOKEN), line)
+    for (const child of session.children) assert.ok(!child.spawnargs.join(' ').includes(TOKEN))
+  })
+})

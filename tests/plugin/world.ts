@@ -1,0 +1,167 @@
+// What lies beneath the relay in its tests: the daemon's child process, its
+// Unix socket, the $ calls the daemon asks for and the debug log, each
+// answered from memory and recorded, with waits that resolve on what
+// happened rather than on time.
+import { mock } from 'claude-code/testing'
+import type { On } from 'claude-code'
+
+export const LICH = { LICH_PORT: '4100', LICH_TOKEN: 'secret-token', LICH_SESSION_ID: 'card-1' }
+
+export type Post = { path: string; socket: string | undefined; body: any }
+type Exit = { code: number | null; signal: string | null }
+
+// One run of the daemon as the test plays it: what it writes, how it ends.
+export class Child {
+  readonly request: any
+  private pieces: { stream: 'stdout' | 'stderr'; text: string }[] = []
+  private end: Exit | undefined
+  private wake: (() => void) | undefined
+
+  constructor(request: any) {
+    this.request = request
+  }
+
+  write(text: string, stream: 'stdout' | 'stderr' = 'stdout') {
+    this.pieces.push({ stream, text })
+    this.poke()
+  }
+
+  line(message: object) {
+    this.write(JSON.stringify(message) + '\n')
+  }
+
+  hello(socket: string) {
+    this.line({ op: 'hello', protocol: 1, pid: 4242, socket, version: '0.1.0' })
+  }
+
+  call(id: string, method: string, args: object) {
+    this.line({ op: 'call', id, method, args })
+  }
+
+  exit(code: number | null, signal: string | null = null) {
+    this.end = { code, signal }
+    this.poke()
+  }
+
+  async *run(): AsyncGenerator<{ stream: 'stdout' | 'stderr'; text: string }, Exit> {
+    for (;;) {
+      const piece = this.pieces.shift()
+      if (piece) yield piece
+      else if (this.end) return this.end
+      else await new Promise<void>(resolve => (this.wake = resolve))
+    }
+  }
+
+  private poke() {
+    const wake = this.wake
+    this.wake = undefined
+    wake?.()
+  }
+}
+
+// A condition the test waits on, re-checked whenever the world changes.
+type Waiter = { ready: () => boolean; resolve: () => void }
+
+export class World {
+  readonly clock
+  readonly children: Child[] = []
+  readonly posts: Post[] = []
+  readonly logs: string[] = []
+  // The next post to this path is held until `release()`; later ones pass.
+  holdPath: string | undefined
+  // Set, every spawn is refused with it, as a host that cannot start the child.
+  refuseSpawn: string | undefined
+  spawnTries = 0
+  private held: (() => void)[] = []
+  private waiters: Waiter[] = []
+
+  constructor(on: On, env: Record<string, string> = LICH) {
+    this.clock = mock.clock(on)
+    mock.env(on, env)
+    on('session.start', async ($, e) => ({ cwd: e.cwd }))
+    on('turn.start', async ($, e) => ({ turnId: e.turnId }))
+    on('turn.complete', async ($, e) => ({ text: e.answer }))
+    on('ui.log', ($, e) => {
+      this.logs.push(e.text)
+      this.changed()
+      return { value: undefined }
+    })
+    on('process.hookEnv', () => ({ value: { CLAUDE_PID: '77', CLAUDE_PLUGIN_DATA: '/data/lich-control' } }))
+    const world = this
+    on('process.spawn', async function* ($, e) {
+      world.spawnTries += 1
+      world.changed()
+      if (world.refuseSpawn !== undefined) return { deny: world.refuseSpawn }
+      const child = new Child(e)
+      world.children.push(child)
+      world.changed()
+      const end = yield* child.run()
+      return { value: end }
+    })
+    on('http.fetch', async ($, e) => {
+      const path = new URL(e.url).pathname
+      if (path === this.holdPath) {
+        this.holdPath = undefined
+        await new Promise<void>(resolve => this.held.push(resolve))
+      }
+      this.posts.push({ path, socket: e.init?.socketPath, body: JSON.parse(String(e.init?.body)) })
+      this.changed()
+      return { value: { status: 204, ok: true, headers: {}, text: '' } }
+    })
+  }
+
+  get child(): Child {
+    return this.children[this.children.length - 1]
+  }
+
+  results(): any[] {
+    return this.posts.filter(p => p.path === '/v1/result').map(p => p.body)
+  }
+
+  events(): any[] {
+    return this.posts.filter(p => p.path === '/v1/event').map(p => p.body)
+  }
+
+  release() {
+    for (const resolve of this.held.splice(0)) resolve()
+  }
+
+  // Resolves once `ready()` holds; the test's own timeout bounds it.
+  until(ready: () => boolean): Promise<void> {
+    if (ready()) return Promise.resolve()
+    return new Promise(resolve => this.waiters.push({ ready, resolve }))
+  }
+
+  untilSpawned(count: number) {
+    return this.until(() => this.children.length >= count)
+  }
+
+  untilResults(count: number) {
+    return this.until(() => this.results().length >= count)
+  }
+
+  untilEvents(count: number) {
+    return this.until(() => this.events().length >= count)
+  }
+
+  untilLogged(text: string) {
+    return this.until(() => this.logs.some(line => line.includes(text)))
+  }
+
+  private changed() {
+    this.waiters = this.waiters.filter(waiter => {
+      if (!waiter.ready()) return true
+      waiter.resolve()
+      return false
+    })
+  }
+}
+
+// A model request as the engine would raise it on the main loop.
+export function step(index: number, turnId = 't1') {
+  return { turnId, index, model: 'claude-sonnet-4-5', effort: 'medium' as const, messageCount: 3 }
+}
+
+export function answered(e: { turnId: string; index: number }) {
+  return { turnId: e.turnId, index: e.index, answer: '', toolUses: [], stopReason: null, usage: null }
+}
