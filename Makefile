@@ -3,13 +3,13 @@
 
 PYTHON ?= python3
 ifdef VIRTUAL_ENV
-VENV_PY := python
+VENV_PY := $(VIRTUAL_ENV)/bin/python
 else
 VENV_PY := .venv/bin/python
 endif
 STAMP := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)/.lich-control-installed
 
-.PHONY: test demo run install clean
+.PHONY: test demo run plugin-check install clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@if [ -z "$(VIRTUAL_ENV)" ] && [ ! -x .venv/bin/python ]; then $(PYTHON) -m venv .venv; fi
@@ -29,6 +29,10 @@ demo: $(STAMP)
 # driving by hand with bin/lich-stub control (it prints how).
 run: $(STAMP)
 	$(VENV_PY) -m lich_control.demo --run
+
+# The relay inside the pinned Claude Code, and end to end with the daemon.
+plugin-check: $(STAMP)
+	PYTHON=$(abspath $(VENV_PY)) .ci/plugin-checks
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .hypothesis
