@@ -40,6 +40,7 @@ class FakeLich:
         self.ack_status = []  # scripted statuses for the next acks
         self.parked = 0
         self.acks_arrived = 0
+        self.ack_ids_arrived = []  # every ack attempt's id, faults included
         self.ack_gate = threading.Event()  # cleared by a test to hold acks unanswered
         self.ack_gate.set()
         self.closed = False
@@ -114,6 +115,7 @@ class FakeLich:
                     body = raw
                 with lich.cond:
                     lich.acks_arrived += 1
+                    lich.ack_ids_arrived.append(body.get("id") if isinstance(body, dict) else None)
                     fault = lich.ack_faults.pop(0) if lich.ack_faults else None
                     lich.cond.notify_all()
                 if fault == "drop":
@@ -168,6 +170,7 @@ class FakeLich:
                 return Answer(body=batch)
             finally:
                 self.parked -= 1
+                self.cond.notify_all()
 
     # -- the test's side -----------------------------------------------
 

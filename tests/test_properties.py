@@ -1,0 +1,172 @@
+"""Whatever lich sends, the daemon keeps running and every item with an id
+gets exactly one ack (hypothesis): in-process over many examples, and over
+the real daemon, bridge and loopback HTTP over fewer."""
+import collections
+import itertools
+import json
+import threading
+
+import pytest
+import responses
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lich_control.acker import Acker
+from lich_control.activity import Activity
+from lich_control.asks import Asks
+from lich_control.commands import EFFORTS, KINDS, MAX_ID_CHARS
+from lich_control.config import Config
+from lich_control.engine import CallResult, Turns, resolved
+from lich_control.lich import LichClient, LichGone, PollFailed
+from lich_control.poller import Poller
+from lich_control.worker import Worker
+
+from fakes import ScriptedClient
+
+scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
+json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
+ids = st.text(max_size=12) | json_values
+fields = json_values | st.sampled_from(EFFORTS) | st.text(max_size=20)
+command_like = st.fixed_dictionaries(
+    {"id": ids, "kind": st.sampled_from(KINDS + ("rewind", "")) | json_values},
+    optional={name: fields for name in ("text", "notification", "model", "effort", "name", "args", "question")},
+)
+notifications = st.fixed_dictionaries({"status": st.text(max_size=8), "summary": st.text(max_size=8)})
+prompts_with_notes = st.fixed_dictionaries({"id": st.text(min_size=1, max_size=8), "kind": st.just("prompt"), "text": st.text(), "notification": notifications | json_values})
+items = command_like | prompts_with_notes | json_values
+batches = st.lists(items, max_size=8)
+
+
+def expected_ids(batch):
+    """The ids that must each get one ack: first sightings of usable ids."""
+    seen = []
+    for item in batch:
+        if isinstance(item, dict) and isinstance(item.get("id"), str) and 0 < len(item["id"]) <= MAX_ID_CHARS:
+            if item["id"] not in seen:
+                seen.append(item["id"])
+    return seen
+
+
+class AutoEngine:
+    """A session that answers every call at once, sometimes with a refusal."""
+
+    name = "auto"
+
+    def __init__(self, turns):
+        self.turns = turns
+        self.n = itertools.count()
+
+    def submit_prompt(self, text, as_user=False):
+        if next(self.n) % 3 == 0:
+            return resolved(CallResult.answered({"drop": "dropped"}))
+        self.turns.started("t1")
+        return resolved(CallResult.answered({"text": text}))
+
+    def abort_turn(self, turn_id):
+        return resolved(CallResult.answered(None))
+
+    def run_command(self, name, args):
+        return resolved(CallResult.failed("no such command") if next(self.n) % 2 else CallResult.answered({}))
+
+    def fork(self, prompt):
+        return resolved(CallResult.answered({"isAnswered": True, "text": prompt[-30:] * 700}))
+
+    def set_overrides(self, overrides):
+        return resolved(CallResult.answered(None))
+
+
+class Rig:
+    def __init__(self):
+        self.client = ScriptedClient()
+        turns = Turns()
+        self.activity = Activity("s1", "auto", turns)
+        factory = lambda: self.client  # noqa: E731
+        engine = AutoEngine(turns)
+        self.acker = Acker(factory, self.activity)
+        self.worker = Worker(engine, turns, self.acker, factory, self.activity, "s1")
+        self.asks = Asks(engine, factory, self.activity, "s1", size=4)
+        self.acker.start()
+        self.worker.start()
+
+
+@pytest.fixture(scope="module")
+def rig():
+    r = Rig()
+    yield r
+    r.asks.stop()
+    r.worker.stop(5)
+    r.acker.stop(5)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=batches)
+def test_every_item_with_an_id_gets_exactly_one_ack_in_process(rig, batch):
+    with rig.client.cond:
+        rig.client.acks.clear()
+    poller = Poller(ScriptedClient([batch]), rig.worker.submit, rig.asks.submit, rig.activity, wait=lambda d: False)
+    assert poller.poll_once() is True
+    wanted = expected_ids(batch)
+    acks = rig.client.wait_acks(len(wanted))
+    # A barrier behind everything ordered; asks were already answered.
+    poller_2 = Poller(ScriptedClient([[{"id": "~barrier", "kind": "~"}]]), rig.worker.submit, rig.asks.submit, rig.activity, wait=lambda d: False)
+    poller_2.poll_once()
+    acks = rig.client.wait_acks(len(wanted) + 1)
+    got = collections.Counter(a.id for a in acks if a.id != "~barrier")
+    assert got == collections.Counter(wanted)
+    for ack in acks:
+        assert len(ack.body()) < 64 * 1024
+        assert (ack.answer is None) or (ack.kind == "ask" and ack.ok)
+    assert rig.worker._thread.is_alive() and rig.acker._thread.is_alive()
+
+
+CONFIG = Config(port=4999, token="t", session_id="s1", run_dir="/tmp/x")
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()), status=st.sampled_from([200, 200, 200, 201, 302, 400, 404, 500, 503]))
+def test_a_poll_answer_is_commands_or_a_clear_failure_never_a_crash(body, status):
+    with responses.RequestsMock() as mock:
+        mock.get("http://127.0.0.1:4999/mod/commands", body=body, status=status)
+        try:
+            items = LichClient(CONFIG).poll()
+        except LichGone:
+            assert status == 404
+        except PollFailed as exc:
+            assert str(exc).startswith("lich answered")
+        else:
+            assert status == 200 and isinstance(items, list)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    from fakelich import FakeLich
+    from relay import Relay
+
+    lich = FakeLich()
+    relay = Relay({"LICH_PORT": str(lich.port), "LICH_TOKEN": lich.token, "LICH_SESSION_ID": "prop", "LICH_CONTROL_RUN_DIR": str(tmp_path_factory.mktemp("prop"))})
+    relay.wait_hello()
+    relay.autoanswer()
+    lich.wait_parked()
+    yield lich, relay
+    relay.stop()
+    lich.close()
+
+
+counter = itertools.count()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=batches)
+def test_every_item_with_an_id_gets_exactly_one_ack_from_the_real_daemon(live, batch):
+    lich, relay = live
+    # Each example's ids are its own, so the daemon's memory of delivered ids
+    # from earlier examples does not hide anything.
+    n = next(counter)
+    batch = [dict(item, id=f"{n}-{item['id']}") if isinstance(item, dict) and isinstance(item.get("id"), str) and item["id"] else item for item in batch]
+    wanted = expected_ids(batch)
+    before = len(lich.acks)
+    lich.send(*batch, {"id": f"{n}-~barrier", "kind": "~"})
+    lich.wait_acks(before + len(wanted) + 1)
+    got = collections.Counter(b["id"] for b in lich.ack_bodies()[before:] if b["id"] != f"{n}-~barrier")
+    assert got == collections.Counter(wanted)
+    assert relay.proc.poll() is None
