@@ -53,6 +53,8 @@ class Relay:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
+        self.argv = _cmdline(self.proc.pid)
+        self.stdout_raw = []
         self.lines = queue.Queue()
         self.stderr_lines = []
         self.hello = None
@@ -61,6 +63,7 @@ class Relay:
 
     def _read_stdout(self):
         for raw in self.proc.stdout:
+            self.stdout_raw.append(raw)
             self.lines.put(json.loads(raw))
         self.lines.put(None)
 
@@ -139,6 +142,7 @@ class Relay:
         return self.proc.wait(timeout)
 
     def stop(self):
+        self._keep_for_scan()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -152,6 +156,33 @@ class Relay:
                     stream.close()
                 except OSError:
                     pass
+
+
+    def _keep_for_scan(self):
+        folder = os.environ.get("LICH_TEST_SCAN_DIR")
+        if not folder:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        name = os.path.join(folder, f"daemon-{self.proc.pid}")
+        with open(name + ".stdout", "wb") as f:
+            f.write(b"".join(self.stdout_raw))
+        with open(name + ".stderr", "w") as f:
+            f.write("".join(self.stderr_lines))
+        with open(name + ".argv", "wb") as f:
+            f.write(self.argv)
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 class _Seen:

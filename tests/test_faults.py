@@ -89,7 +89,8 @@ def test_a_5xx_storm_follows_the_schedule_and_a_200_resets_it(relay, lich):
     r.autoanswer()
     polls = lich.wait_polls(4, timeout=15)
     first, second, third = gaps(polls)[:3]
-    assert 0.9 <= first < 1.5 and 1.9 <= second < 2.5 and 3.9 <= third < 4.5
+    # Lower bounds are the schedule; upper bounds leave room for a loaded machine.
+    assert 0.9 <= first < 2.0 and 1.9 <= second < 3.0 and 3.9 <= third < 5.0
     lich.send(REWIND)
     lich.ack_for("m12")
     lich.wait_polls(5)
@@ -147,16 +148,16 @@ def test_lich_killed_mid_poll_and_restarted_on_its_port_is_found_again(relay, li
     dead = Refuser(lich.port)
     try:
         attempts = dead.wait(2, timeout=5)  # the retries after 1 s, then 2 s
-        assert 0.9 <= attempts[1] - attempts[0] < 2.5
+        assert 0.9 <= attempts[1] - attempts[0] < 3.0
     finally:
         dead.close()
     backoff = r.status()["poll"]["backoff"]
     assert backoff == 4  # three failures so far: the reset and two refusals
-    reborn = FakeLich(port=lich.port)
+    reborn = FakeLich(token=lich.token, port=lich.port)
     came_back = time.monotonic()
     try:
         reborn.wait_polls(1, timeout=backoff + 2)
-        assert reborn.polls[0][0] - came_back <= backoff + 0.2  # within one backoff step
+        assert reborn.polls[0][0] - came_back <= backoff + 0.5  # within one backoff step
         reborn.send(REWIND)
         assert reborn.ack_for("m12")["error"] == "unknown kind"
         assert r.status()["poll"]["backoff"] == 0
