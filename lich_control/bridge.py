@@ -70,6 +70,7 @@ class Bridge:
             ok = self._write_locked({"op": "call", "id": call_id, "method": method, "args": args})
         if not ok:
             self.close("the relay is gone (its end of the pipe closed)")
+        log.debug("call %s: %s", call_id, method)
         return future
 
     def close(self, reason: str) -> None:

@@ -95,6 +95,7 @@ class Poller:
         if self._stop.is_set():
             return False  # the daemon is stopping: apply nothing new
         self.backoff = self.backoff.succeeded()
+        log.debug("lich answered a poll with %d items", len(items))
         self._activity.poll_answered(len(items))
         self._dispatch(items)
         return True
