@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Optional
 
 from . import __version__, logs
@@ -40,6 +41,9 @@ log = logging.getLogger("lich_control.daemon")
 # How long an ack already on its way may take to finish at shutdown: short,
 # so a daemon whose session is gone exits well within 2 s.
 STOP_GRACE = 1.0
+# Its own signal, not SIGTERM, so the handler can tell a parent's death from
+# the exit of the parent's thread that spawned us (which sends it as well).
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
 
 
 class Daemon:
@@ -78,10 +82,12 @@ class Daemon:
         commands nobody will apply), then let work already under way finish
         within `grace`; start nothing new."""
         log.info("stopping: %s", self.stop_reason or "asked to")
-        self.poller.stop(timeout=grace)
+        deadline = time.monotonic() + grace  # one budget for all, so the exit stays within 2 s
+        left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
+        self.poller.stop(timeout=left())
         self.asks.stop()
-        self.worker.stop(timeout=grace)
-        self.acker.stop(timeout=grace / 2)
+        self.worker.stop(timeout=left())
+        self.acker.stop(timeout=left())
         close = getattr(self.engine, "close", None)
         if close is not None:
             close("the daemon is stopping")
@@ -146,7 +152,15 @@ def run(config: Config, engine_name: str, parent: int) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # The handler only records; the main thread does the stopping.
         signal.signal(sig, lambda signum, frame: daemon.request_stop(f"got {signal.Signals(signum).name}"))
-    watch = ParentWatch(parent, stop, has_death_signal=set_parent_death_signal())
+
+    def parent_died(signum, frame) -> None:
+        # Linux sends this when the *thread* that started us exits, too: only
+        # a changed parent pid means the session is gone.
+        if os.getppid() != parent:
+            daemon.request_stop("the process that started the daemon is gone")
+
+    signal.signal(PARENT_DEATH_SIGNAL, parent_died)
+    watch = ParentWatch(parent, stop, has_death_signal=set_parent_death_signal(PARENT_DEATH_SIGNAL))
 
     server = UnixHttpServer(socket_path, routes)
     server.listen()

@@ -148,3 +148,44 @@ def test_a_second_daemon_takes_over_once_the_first_has_gone(relay, lich):
     assert hello["pid"] == second.proc.pid
     lich.wait_polls(polls_before + 1)
     assert second.status()["daemon"]["pid"] == second.proc.pid
+
+
+PARENT_THREAD = """
+import subprocess, sys, threading
+box, go = {}, threading.Event()
+def spawn():
+    box["child"] = subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], stdin=subprocess.DEVNULL, stdout=int(sys.argv[1]), pass_fds=[int(sys.argv[1])])
+    print(box["child"].pid, flush=True)
+    go.wait()
+thread = threading.Thread(target=spawn)
+thread.start()
+sys.stdin.readline()
+go.set()
+thread.join()  # the spawning thread is gone; the process lives on
+print("thread gone", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_exit_of_the_thread_that_spawned_the_daemon_is_not_the_parent_dying(daemon_env, lich):
+    read_fd, write_fd = os.pipe()
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_THREAD, str(write_fd)], cwd=ROOT, env=env_for(daemon_env), stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=[write_fd])
+    try:
+        int(parent.stdout.readline())
+        os.close(write_fd)
+        json.loads(os.read(read_fd, 65536))  # hello: the daemon has asked for the death signal
+        lich.wait_parked()
+        parent.stdin.write(b"go\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline() == b"thread gone\n"
+        lich.send({"id": "m12", "kind": "rewind"})
+        assert lich.ack_for("m12")["error"] == "unknown kind"  # still alive and working
+        parent.kill()
+        parent.wait(5)
+        killed = time.monotonic()
+        read_until_eof(read_fd, EXIT_WITHIN)
+        assert time.monotonic() - killed < EXIT_WITHIN
+    finally:
+        os.close(read_fd)
+        parent.stdin.close()
+        parent.stdout.close()
