@@ -263,14 +263,19 @@ class Marks:
                 self._done.set()
             return self._done
 
+    def missing(self) -> set:
+        with self._lock:
+            return set(self._waiting or ())
+
     def polls_after(self, session_id: str, moment: float) -> List[float]:
         with self._lock:
             return [t for t in self.polls.get(session_id, []) if t > moment]
 
 
-def wait_acked(event: threading.Event, what: str, timeout: float = WAIT) -> None:
+def wait_acked(event: threading.Event, what: str, timeout: float = WAIT, marks: Optional["Marks"] = None) -> None:
     if not event.wait(timeout):
-        raise BenchError(f"{what}: not every ack arrived within {timeout:g} s")
+        missing = sorted(marks.missing()) if marks is not None else []
+        raise BenchError(f"{what}: not every ack arrived within {timeout:g} s; {len(missing)} missing, e.g. {missing[:5]}")
 
 
 def check_ok(marks: Marks, ids: List[str], what: str) -> None:
@@ -514,7 +519,11 @@ def run_scale(lich: StubLich, marks: Marks, n: int, run_dir: str, fork_delay: fl
                 {"id": f"x{i}p", "kind": "prompt", "text": f"prompt for x{i}"},
                 {"id": f"x{i}q", "kind": "ask", "question": f"question for x{i}"},
             ])
-        wait_acked(acked, "scale", timeout=WAIT * 2)
+        try:
+            wait_acked(acked, "scale", timeout=WAIT * 2, marks=marks)
+        except BenchError as exc:
+            errors = [e for r in relays for e in r.errors][:5]
+            raise BenchError(f"{exc}; relay errors: {errors}") from None
         wall = max(marks.acks[cid][0] for cid in ids) - start
         bad = [cid for cid in ids if marks.acks[cid][1].get("ok") is not True or marks.acks[cid][1]["session_id"] != cid[:-1]]
         rss = [rss_mb(r.pid) for r in relays]

@@ -51,6 +51,7 @@ import itertools
 import json
 import logging
 import secrets
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -187,9 +188,7 @@ class StubLich:
         self.on_poll: Optional[Callable[[str], None]] = None
         self.on_ack: Optional[Callable[[dict], None]] = None
         self._hangups = HangupWatch()
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
-        self._server.daemon_threads = True
-        self._server.request_queue_size = 128
+        self._server = _Server(("127.0.0.1", port), _handler_for(self))
         self.port: int = self._server.server_address[1]
         # serve_forever notices shutdown only between selects: a short
         # interval keeps close() (and every test's teardown) quick.
@@ -390,6 +389,20 @@ class StubLich:
         return token is not None and hmac.compare_digest(token.encode(), self.token.encode())
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Read by listen() in the constructor, so it must be set on the class:
+    # a hundred daemons connecting at once must not overflow the backlog.
+    request_queue_size = 1024
+
+    def handle_error(self, request, client_address) -> None:
+        # A mod that went away mid-answer (a daemon stopped while its poll
+        # was held) is lich's everyday business, not a traceback on stderr.
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
+
 def _handler_for(lich: StubLich):
     class Handler(_Handler):
         pass
@@ -514,6 +527,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())
