@@ -17,6 +17,9 @@ In-process use (the demo, the tests, the benchmark)::
         outcome = lich.send("s1", {"kind": "abort"}, timeout=10)   # queue + wait in one
         lich.polled("s1")                       # PollInfo: polls, last poll age, parked now
         lich.acks_received                      # every valid ack, counted (benchmarks)
+        lich.queue_all("s1", [cmd, cmd, ...])   # queued as one: a single poll carries them
+        lich.on_poll = lambda session_id: ...   # benchmark hooks, called on the connection
+        lich.on_ack = lambda doc: ...           #   thread as a poll arrives / a valid ack lands
 
 `queue` raises `NotPolling` (a `Refused`) when the session's mod has not
 polled in the last 30 s or hung up its last poll, and `Refused` for what lich
@@ -48,6 +51,7 @@ import itertools
 import json
 import logging
 import secrets
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -180,10 +184,11 @@ class StubLich:
         self._closed = False
         self.acks_received = 0
         self.stray_acks = 0  # acks for an id this stub never handed out
+        # Timestamp hooks for the benchmark; they must return at once.
+        self.on_poll: Optional[Callable[[str], None]] = None
+        self.on_ack: Optional[Callable[[dict], None]] = None
         self._hangups = HangupWatch()
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
-        self._server.daemon_threads = True
-        self._server.request_queue_size = 128
+        self._server = _Server(("127.0.0.1", port), _handler_for(self))
         self.port: int = self._server.server_address[1]
         # serve_forever notices shutdown only between selects: a short
         # interval keeps close() (and every test's teardown) quick.
@@ -221,25 +226,35 @@ class StubLich:
 
     def queue(self, session_id: str, command: dict) -> str:
         """Queue one command for the session's next poll; its id (assigned when absent)."""
-        command = dict(command)
-        if command.get("kind") == "command" and command.get("name") in REFUSED_COMMANDS:
-            raise Refused(
-                f"/{command['name']} is refused: run through a mod it would become the default of every "
-                f"new session; use the {command['name']} command instead"
-            )
+        return self.queue_all(session_id, [command])[0]
+
+    def queue_all(self, session_id: str, commands: List[dict]) -> List[str]:
+        """Queue several commands at once, so a poll takes all or none of
+        them; their ids. One refused command refuses them all."""
+        commands = [dict(command) for command in commands]
+        for command in commands:
+            if command.get("kind") == "command" and command.get("name") in REFUSED_COMMANDS:
+                raise Refused(
+                    f"/{command['name']} is refused: run through a mod it would become the default of every "
+                    f"new session; use the {command['name']} command instead"
+                )
         now = self._clock()
         with self._cond:
             mod = self._mods[session_id]
             problem = self._not_polling(session_id, mod, now)
             if problem:
                 raise NotPolling(problem)
-            cid = command.setdefault("id", f"k{next(self._ids)}")
-            if cid in self._commands:
-                raise Refused(f"a command with id {cid!r} was queued already")
-            entry = self._commands[cid] = _Queued(command, session_id, now)
-            mod.waiting.append(entry)
+            ids = []
+            for command in commands:
+                cid = command.setdefault("id", f"k{next(self._ids)}")
+                if cid in self._commands or cid in ids:
+                    raise Refused(f"a command with id {cid!r} was queued already")
+                ids.append(cid)
+            for command in commands:
+                entry = self._commands[command["id"]] = _Queued(command, session_id, now)
+                mod.waiting.append(entry)
             self._cond.notify_all()
-        return cid
+        return ids
 
     def wait(self, cid: str, timeout: Optional[float]) -> Outcome:
         """Wait until the command is acked or dropped, or `timeout` runs out."""
@@ -292,6 +307,8 @@ class StubLich:
 
     def _poll(self, session_id: str, plugin: Optional[str], conn) -> Optional[List[dict]]:
         """The commands for one poll, held until some come; None if the client left."""
+        if self.on_poll is not None:
+            self.on_poll(session_id)
         gone = threading.Event()
         deadline = time.monotonic() + self.hold
         with self._cond:
@@ -339,6 +356,8 @@ class StubLich:
             if entry.ack is not None:
                 return  # lich resolves a wait with the first ack it gets
             entry.ack, entry.acked_at = doc, now
+        if self.on_ack is not None:
+            self.on_ack(doc)
         entry.settled.set()
 
     def _drop_stale(self, mod: _Mod) -> None:
@@ -368,6 +387,20 @@ class StubLich:
 
     def _check(self, token: Optional[str]) -> bool:
         return token is not None and hmac.compare_digest(token.encode(), self.token.encode())
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Read by listen() in the constructor, so it must be set on the class:
+    # a hundred daemons connecting at once must not overflow the backlog.
+    request_queue_size = 1024
+
+    def handle_error(self, request, client_address) -> None:
+        # A mod that went away mid-answer (a daemon stopped while its poll
+        # was held) is lich's everyday business, not a traceback on stderr.
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def _handler_for(lich: StubLich):
@@ -494,6 +527,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())

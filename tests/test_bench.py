@@ -1,0 +1,30 @@
+"""The benchmark still runs: `--smoke` once, every section in the table and
+the JSON. Nothing here is about time; `make bench` is where figures live."""
+import json
+import os
+import subprocess
+import sys
+
+from relay import ROOT
+
+SECTIONS = ("startup", "dispatch", "ack", "burst", "ceiling", "asks", "idle", "scale")
+
+
+def test_the_smoke_benchmark_prints_the_table_and_the_json_with_every_section():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
+    env["PYTHONPATH"] = ROOT
+    done = subprocess.run(
+        [sys.executable, "-m", "lich_control.bench", "--smoke", "--quiet"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    table, _, rest = done.stdout.partition("\n\n")
+    for section in SECTIONS:
+        assert f"\n{section}" in table, (section, table)
+    doc = json.loads(rest)
+    assert set(doc) >= {"machine", "sizes", "summary", "checks", "runs", "idle", "scale"}
+    for section in SECTIONS:
+        assert any(key.startswith(section) for key in doc["summary"]), section
+    for key, entry in doc["summary"].items():
+        assert entry["median"] is not None, key
+    assert doc["checks"]["burst_acks_in_order"] and doc["checks"]["scale_all_acked_ok"]
