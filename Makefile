@@ -9,7 +9,7 @@ VENV_PY := .venv/bin/python
 endif
 STAMP := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)/.lich-control-installed
 
-.PHONY: test demo run plugin-check install clean
+.PHONY: test demo run bench plugin-check install clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@if [ -z "$(VIRTUAL_ENV)" ] && [ ! -x .venv/bin/python ]; then $(PYTHON) -m venv .venv; fi
@@ -29,6 +29,10 @@ demo: $(STAMP)
 # driving by hand with bin/lich-stub control (it prints how).
 run: $(STAMP)
 	$(VENV_PY) -m lich_control.demo --run
+
+# Not part of make test (which runs it once with --smoke): about 4 minutes.
+bench: $(STAMP)
+	$(VENV_PY) -m lich_control.bench
 
 # The relay inside the pinned Claude Code, and end to end with the daemon.
 plugin-check: $(STAMP)
