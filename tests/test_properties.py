@@ -7,7 +7,6 @@ import json
 import threading
 
 import pytest
-import responses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -119,22 +118,32 @@ def test_every_item_with_an_id_gets_exactly_one_ack_in_process(rig, batch):
     assert rig.worker._thread.is_alive() and rig.acker._thread.is_alive()
 
 
-CONFIG = Config(port=4999, token="t", session_id="s1", run_dir="/tmp/x")
+@pytest.fixture(scope="module")
+def scripted_lich():
+    from fakelich import FakeLich
+
+    server = FakeLich(hold=0.0)
+    yield server
+    server.close()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()), status=st.sampled_from([200, 200, 200, 201, 302, 400, 404, 500, 503]))
-def test_a_poll_answer_is_commands_or_a_clear_failure_never_a_crash(body, status):
-    with responses.RequestsMock() as mock:
-        mock.get("http://127.0.0.1:4999/mod/commands", body=body, status=status)
-        try:
-            items = LichClient(CONFIG).poll()
-        except LichGone:
-            assert status == 404
-        except PollFailed as exc:
-            assert str(exc).startswith("lich answered")
-        else:
-            assert status == 200 and isinstance(items, list)
+def test_a_poll_answer_is_commands_or_a_clear_failure_never_a_crash(scripted_lich, body, status):
+    from fakelich import Answer
+
+    scripted_lich.script(Answer(status=status, raw=body))
+    client = LichClient(Config(port=scripted_lich.port, token=scripted_lich.token, session_id="s1", run_dir="/tmp/x"))
+    try:
+        items = client.poll()
+    except LichGone:
+        assert status == 404
+    except PollFailed as exc:
+        assert str(exc).startswith("lich answered")
+    else:
+        assert status == 200 and isinstance(items, list) and items == json.loads(body)
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="module")
