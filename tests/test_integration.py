@@ -62,6 +62,29 @@ def test_a_bad_port_exits_2_with_one_line_and_no_request(daemon_env, lich, port)
     assert lich.polls == []
 
 
+def test_the_log_file_is_private_and_holds_each_ack(relay, lich, run_dir):
+    r = started(relay, lich)
+    lich.send({"id": "m12", "kind": "rewind"})
+    lich.wait_acks(1)
+    r.stop()
+    path = os.path.join(run_dir, "s1.log")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    with open(path) as f:
+        text = f.read()
+    assert "acked m12 (rewind): failed: unknown kind" in text
+
+
+def test_the_log_level_is_settable(relay, lich, run_dir):
+    r = relay(env={"LICH_CONTROL_LOG_LEVEL": "WARNING"})
+    r.wait_hello()
+    lich.wait_parked()
+    lich.send({"id": "m12", "kind": "rewind"})
+    lich.wait_acks(1)
+    r.stop()
+    with open(os.path.join(run_dir, "s1.log")) as f:
+        assert "acked m12" not in f.read()
+
+
 def test_every_request_carries_the_plugin_header_and_the_token_in_the_url(relay, lich):
     r = started(relay, lich)
     lich.send({"id": "m12", "kind": "rewind"})

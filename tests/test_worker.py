@@ -226,3 +226,24 @@ def test_stop_starts_nothing_new(rig):
     assert rig.worker.stop(5)
     assert [c[0] for c in rig.engine.calls] == ["turn.abort"]
     assert [a.id for a in rig.client.acks] == ["m2"]  # the ack under way finished
+
+
+def test_asks_beyond_the_pool_wait_their_turn_and_hold_nothing_back():
+    rig = Rig()
+    rig.asks.stop()
+    rig.asks = Asks(rig.engine, lambda: rig.client, rig.activity, "s1", size=2)
+    try:
+        rig.send(
+            {"id": "a1", "kind": "ask", "question": "one?"},
+            {"id": "a2", "kind": "ask", "question": "two?"},
+            {"id": "a3", "kind": "ask", "question": "three?"},
+            {"id": "m12", "kind": "rewind"},
+        )
+        assert rig.acks(1) == [("m12", False, "unknown kind")]  # not held back by the asks
+        calls = rig.engine.wait_calls(2)
+        assert len(rig.engine.calls) == 2  # the third ask waits for a free thread
+        rig.engine.settle(0, {"isAnswered": True, "text": "first"})
+        calls = rig.engine.wait_calls(3)
+        assert calls[2][1][0].endswith("three?")
+    finally:
+        rig.close()
