@@ -426,7 +426,10 @@ _MOD_PATHS = {"/mod/commands": "GET", "/mod/acks": "POST", "/stub/control": "POS
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: the daemon reuses its connections
-    disable_nagle_algorithm = True  # headers and body go out as two writes
+    disable_nagle_algorithm = True
+    # Buffered, so an answer's headers and body go out in one write when
+    # handle_one_request flushes: two made the mod wake twice per answer.
+    wbufsize = -1
     server_version = "lich-stub"
     sys_version = ""
     lich: StubLich
