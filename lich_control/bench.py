@@ -86,12 +86,15 @@ class UnixConnection:
     """
 
     def __init__(self, path: str, timeout: float = 10.0):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout)
-        self.sock.connect(path)
-        self._rfile = self.sock.makefile("rb")
+        self._path, self._timeout = path, timeout
+        self.sock: Optional[socket.socket] = None
 
     def post(self, path: str, body: bytes) -> int:
+        if self.sock is None:  # at the first result, as http.client did: an idle relay holds no connection
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(self._timeout)
+            self.sock.connect(self._path)
+            self._rfile = self.sock.makefile("rb")
         head = f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         self.sock.sendall(head.encode("latin-1") + body)
         status = self._rfile.readline(65537).split(None, 2)
@@ -110,8 +113,9 @@ class UnixConnection:
         return int(status[1])
 
     def close(self) -> None:
-        self._rfile.close()
-        self.sock.close()
+        if self.sock is not None:
+            self._rfile.close()
+            self.sock.close()
 
 
 def post_result(conn: UnixConnection, doc: dict) -> int:
