@@ -1,11 +1,13 @@
 """LichClient: the two HTTP exchanges with lich, and nothing else.
 
-HTTP/1.1 on one keep-alive connection to loopback, with the standard
-library's `http.client`. (It was `requests` until the benchmark measured it:
+HTTP/1.1 on one keep-alive connection to loopback. It was `requests`, then
+`http.client`, until the benchmark measured them (docs/performance.md):
 `import requests` alone cost ~110 ms and ~14 MB of the daemon's 150 ms and
-30 MB budgets, and each ack ~1 ms of CPU against 0.25 ms here; see
-docs/performance.md.) A client is used by one thread only; `abandon` is the
-one call another thread may make.
+30 MB budgets; `http.client` sent each ack in two writes and parsed every
+answer's headers with the email package. Here a request goes out in one
+write and the answer is read by a lean HTTP/1.1 reader (status line,
+Content-Length or chunked, Connection). A client is used by one thread
+only; `abandon` is the one call another thread may make.
 
 Every error leaves here as a short phrase: no exception text of the network
 stack is ever passed on, so no URL, and so no token, reaches a log.
@@ -13,7 +15,6 @@ stack is ever passed on, so no URL, and so no token, reaches a log.
 from __future__ import annotations
 
 import errno
-import http.client
 import json
 import select
 import socket
@@ -31,8 +32,10 @@ POLL_TIMEOUT = (3.0, 28.0)
 ACK_TIMEOUT = (3.0, 10.0)
 MAX_POLL_BODY = 16 * 1024 * 1024
 MAX_ACK_ANSWER = 64 * 1024  # what is read of lich's answer to an ack (a reason)
-HEADERS = {"X-Lich-Plugin": __version__, "Accept": "application/json"}
-ACK_HEADERS = {"X-Lich-Plugin": __version__, "Content-Type": "application/json"}
+MAX_LINE = 65536  # a status line or a header line of lich's answer
+MAX_HEADERS = 100
+HEADERS = f"X-Lich-Plugin: {__version__}\r\nAccept: application/json\r\n"
+ACK_HEADERS = f"X-Lich-Plugin: {__version__}\r\nContent-Type: application/json\r\n"
 
 
 class LichGone(Exception):
@@ -61,7 +64,7 @@ class LichClient:
         self._poll_path = f"/mod/commands?token={token}&session_id={sid}"
         self._ack_path = f"/mod/acks?token={token}"
         self._port = config.port
-        self._conn: Optional[http.client.HTTPConnection] = None
+        self._conn: Optional["_Connection"] = None
         self._sockets = _SocketWatch()
 
     def poll(self) -> List[Any]:
@@ -103,50 +106,48 @@ class LichClient:
 
     # -- one exchange on the kept-alive connection ---------------------------
 
-    def _exchange(self, method: str, path: str, body: Optional[bytes], headers: dict, timeout: Tuple[float, float], limit: int):
+    def _exchange(self, method: str, path: str, body: Optional[bytes], headers: str, timeout: Tuple[float, float], limit: int):
         """(status, reason, body) of one request. Never resent: a request
         that failed may have reached lich, and a poll or an ack must not
         be taken twice. A kept connection lich has closed meanwhile is
         noticed before the request goes out, and replaced."""
         conn = self._connection(timeout[0])
+        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{self._port}\r\n{headers}"
+        if body is not None:
+            head += f"Content-Length: {len(body)}\r\n"
         try:
-            conn.sock.settimeout(timeout[1])
-            conn.request(method, path, body=body, headers=headers)
-            resp = conn.getresponse()
-            data = _read_capped(resp, limit)
+            conn.timeout(timeout[1])
+            conn.sock.sendall((head + "\r\n").encode("latin-1") + (body or b""))  # one write
+            status, reason, data, will_close = conn.read_answer(limit)
         except _Failed:
             self._drop()
             raise
         except socket.timeout:
             self._drop()
             raise _Failed("lich did not answer in time") from None
-        except (OSError, http.client.HTTPException) as exc:
+        except OSError as exc:
             self._drop()
             raise _Failed(_describe(exc)) from None
-        if resp.will_close:
+        if will_close:
             self._drop()
-        return resp.status, resp.reason, data
+        return status, reason, data
 
-    def _connection(self, connect_timeout: float) -> http.client.HTTPConnection:
-        if self._conn is not None and _closed_by_peer(self._conn.sock):
+    def _connection(self, connect_timeout: float) -> "_Connection":
+        if self._conn is not None and self._conn.closed_by_peer():
             self._drop()
         if self._conn is None:
-            conn = http.client.HTTPConnection("127.0.0.1", self._port, timeout=connect_timeout)
             try:
-                conn.connect()
+                sock = socket.create_connection(("127.0.0.1", self._port), timeout=connect_timeout)
             except socket.timeout:
-                conn.close()
                 raise _Failed(f"could not connect to lich on port {self._port} in time") from None
             except ConnectionRefusedError:
-                conn.close()
                 raise _Failed(f"nothing listens on port {self._port} (is lich running?)") from None
             except OSError as exc:
-                conn.close()
                 raise _Failed(f"could not connect to lich on port {self._port} ({_errno_name(exc)})") from None
-            # Headers and body go out in one write; no wait on the peer's delayed ack.
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sockets.add(conn.sock)
-            self._conn = conn
+            # Small requests go out at once: no wait on the peer's delayed ack.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sockets.add(sock)
+            self._conn = _Connection(sock, connect_timeout)
         return self._conn
 
     def _drop(self) -> None:
@@ -155,49 +156,132 @@ class LichClient:
             self._conn = None
 
 
-def _describe(exc: BaseException) -> str:
+class _Connection:
+    """One kept-alive connection to lich and the reader of its answers."""
+
+    def __init__(self, sock: socket.socket, timeout: float):
+        self.sock = sock
+        self._timeout = timeout
+        self._rfile = sock.makefile("rb")
+        self._poller = select.poll()  # not select(): no limit on the descriptor's number
+        self._poller.register(sock, select.POLLIN)
+
+    def timeout(self, seconds: float) -> None:
+        if seconds != self._timeout:  # each settimeout is a system call
+            self.sock.settimeout(seconds)
+            self._timeout = seconds
+
+    def closed_by_peer(self) -> bool:
+        """Something to read before we asked: lich closed the connection (or
+        broke the protocol); either way it is not to be reused."""
+        return self.sock.fileno() == -1 or bool(self._poller.poll(0))
+
+    def read_answer(self, limit: int):
+        """(status, reason, body, will_close) of one answer; _Failed with a phrase."""
+        while True:
+            version, status, reason = self._status_line()
+            headers = self._headers()
+            if not 100 <= status < 200:
+                break  # an interim answer (100 Continue) is skipped, as http.client did
+        connection = headers.get("connection", "").lower()
+        will_close = connection == "close" or (version == "HTTP/1.0" and connection != "keep-alive")
+        if status in (204, 304):
+            return status, reason, b"", will_close
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            return status, reason, self._chunked(limit), will_close
+        length = headers.get("content-length")
+        if length is None:  # the body runs up to the close
+            return status, reason, self._read_capped(-1, limit), True
+        if not length.isdigit():
+            raise _Failed("lich's answer was not HTTP (a bad Content-Length)")
+        if int(length) > limit:
+            raise _Failed(_too_large(limit))
+        body = self._rfile.read(int(length))
+        if len(body) < int(length):
+            raise _Failed("lich's answer broke off")
+        return status, reason, body, will_close
+
+    def _status_line(self):
+        line = self._rfile.readline(MAX_LINE + 1)
+        if not line:
+            raise _Failed("the connection to lich broke")
+        parts = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or len(parts[1]) != 3 or not parts[1].isdigit():
+            raise _Failed("lich's answer was not HTTP (a bad status line)")
+        return parts[0], int(parts[1]), parts[2].strip() if len(parts) == 3 else ""
+
+    def _headers(self) -> dict:
+        headers = {}
+        for _ in range(MAX_HEADERS + 1):
+            line = self._rfile.readline(MAX_LINE + 1)
+            if len(line) > MAX_LINE:
+                raise _Failed("lich's answer was not HTTP (a header line is too long)")
+            if line in (b"\r\n", b"\n"):
+                return headers
+            if not line:
+                raise _Failed("lich's answer broke off")
+            name, colon, value = line.decode("latin-1").partition(":")
+            if colon:
+                headers[name.strip().lower()] = value.strip()
+        raise _Failed("lich's answer was not HTTP (too many header lines)")
+
+    def _chunked(self, limit: int) -> bytes:
+        parts, size = [], 0
+        while True:
+            line = self._rfile.readline(MAX_LINE + 1)
+            if not line:
+                raise _Failed("lich's answer broke off")
+            try:
+                n = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise _Failed("lich's answer was not HTTP (a bad chunk)") from None
+            if n == 0:
+                self._headers()  # trailers, up to the blank line
+                return b"".join(parts)
+            size += n
+            if size > limit:
+                raise _Failed(_too_large(limit))
+            parts.append(self._read_capped(n, n))
+            self._rfile.readline(MAX_LINE + 1)  # the chunk's line end
+
+    def _read_capped(self, n: int, limit: int) -> bytes:
+        """n bytes (-1: up to the close), at most `limit` of them."""
+        if n >= 0:
+            data = self._rfile.read(n)
+            if len(data) < n:
+                raise _Failed("lich's answer broke off")
+            return data
+        chunks, size = [], 0
+        while True:
+            chunk = self._rfile.read1(65536)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                raise _Failed(_too_large(limit))
+            chunks.append(chunk)
+
+    def close(self) -> None:
+        self._rfile.close()
+        self.sock.close()
+
+
+def _too_large(limit: int) -> str:
+    return f"lich's answer is over {limit // (1024 * 1024)} MiB" if limit >= 1024 * 1024 else f"lich's answer is over {limit // 1024} KiB"
+
+
+def _describe(exc: OSError) -> str:
     """A phrase for a failed exchange, never its text."""
-    if isinstance(exc, http.client.IncompleteRead):
-        return "lich's answer broke off"
     if isinstance(exc, ConnectionResetError):
         return "lich reset the connection"
-    if isinstance(exc, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionAbortedError)):
+    if isinstance(exc, (BrokenPipeError, ConnectionAbortedError)):
         return "the connection to lich broke"
-    if isinstance(exc, http.client.HTTPException):
-        return f"lich's answer was not HTTP ({type(exc).__name__})"
     return f"the connection to lich broke ({_errno_name(exc)})"
 
 
 def _errno_name(exc: BaseException) -> str:
     code = getattr(exc, "errno", None)
     return errno.errorcode.get(code, type(exc).__name__) if code else type(exc).__name__
-
-
-def _read_capped(resp: http.client.HTTPResponse, limit: int) -> bytes:
-    too_large = f"lich's answer is over {limit // (1024 * 1024)} MiB" if limit >= 1024 * 1024 else f"lich's answer is over {limit // 1024} KiB"
-    if resp.length is not None:
-        if resp.length > limit:
-            raise _Failed(too_large)
-        return resp.read()
-    chunks, size = [], 0  # chunked, or up to the close: read it in pieces
-    while True:
-        chunk = resp.read(65536)
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > limit:
-            raise _Failed(too_large)
-        chunks.append(chunk)
-
-
-def _closed_by_peer(sock: Optional[socket.socket]) -> bool:
-    """A kept connection with something to read before we asked: lich closed
-    it (or broke the protocol); either way it is not to be reused."""
-    if sock is None or sock.fileno() == -1:
-        return True
-    poller = select.poll()  # not select(): no limit on the descriptor's number
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _one_line(text: str) -> str:
