@@ -122,11 +122,11 @@ def main(argv=None) -> int:
 
 
 def run(config: Config, engine_name: str, parent: int) -> int:
-    logs.setup(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
+    stop_logging = logs.setup(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
     lock = SessionLock(config.path("lock"))
     if not lock.acquire(_lock_wait()):
         print(f"lich-control: another daemon is still polling for session {config.session_id}; exiting", file=sys.stderr)
-        logging.shutdown()
+        stop_logging()
         os._exit(1)
 
     turns = Turns()
@@ -174,7 +174,7 @@ def run(config: Config, engine_name: str, parent: int) -> int:
     server.close()
     lock.release()
     log.info("stopped: %s", daemon.stop_reason)
-    logging.shutdown()
+    stop_logging()
     # Threads still parked (a fork that will never answer, a lock waiter)
     # must not hold the exit: everything worth finishing has finished.
     os._exit(daemon.exit_code)

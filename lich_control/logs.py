@@ -1,16 +1,17 @@
 """Logging: a private rotating file per session, warnings also on stderr.
 
-stdout is the bridge's and never carries a log line. Every handler runs the
-token filter, so even a message some library builds with a URL in it (urllib3
-logs request lines at debug level) reaches no file or terminal with the token.
+stdout is the bridge's and never carries a log line. Every record of the
+package passes the token filter before it is formatted, so not even an
+exception text that quotes a URL reaches a file or a terminal with the token.
 """
 from __future__ import annotations
 
 import logging
 import logging.handlers
 import os
+import queue as queue_module
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_BYTES = 1024 * 1024
@@ -23,8 +24,8 @@ class Redact(logging.Filter):
 
     def __init__(self, secret: str):
         super().__init__()
-        self._secret = secret
-        self._quoted = _quoted(secret)
+        quoted = _quoted(secret)
+        self._forms = (secret,) if quoted == secret else (secret, quoted)
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
@@ -38,13 +39,19 @@ class Redact(logging.Filter):
         return True
 
     def clean(self, text: str) -> str:
-        for secret in (self._secret, self._quoted):
+        for secret in self._forms:
             if secret and secret in text:
                 text = text.replace(secret, "[token]")
         return text
 
 
-def setup(token: str, level: Optional[str], log_path: Optional[str]) -> None:
+def setup(token: str, level: Optional[str], log_path: Optional[str]) -> Callable[[], None]:
+    """Route the package's logging; returns the function that flushes and stops it.
+
+    Records are formatted where they are logged but written by a listener
+    thread: the worker logs a line per ack, and the file's write
+    and rollover check then stay off the path from one command to the next.
+    """
     chosen = (level or "INFO").upper()
     if chosen not in LEVELS:
         print(f"lich-control: LICH_CONTROL_LOG_LEVEL must be one of {', '.join(LEVELS)}; using INFO", file=sys.stderr)
@@ -52,27 +59,45 @@ def setup(token: str, level: Optional[str], log_path: Optional[str]) -> None:
     root = logging.getLogger("lich_control")
     root.setLevel(chosen)
     root.propagate = False
-    redact = Redact(token)
     err = logging.StreamHandler(sys.stderr)
     err.setLevel(logging.WARNING)
     err.setFormatter(logging.Formatter("lich-control: %(message)s"))
     handlers = [err]
     if log_path:
-        _create_private(log_path)
-        handler = logging.handlers.RotatingFileHandler(log_path, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8")
+        handler = PrivateRotatingFile(log_path, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8")
         handler.setFormatter(logging.Formatter(FORMAT))
         handlers.append(handler)
-    for handler in handlers:
-        handler.addFilter(redact)
-        root.addHandler(handler)
-    # urllib3 logs every request line, URL and token included, at debug level.
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    queue: "queue_module.SimpleQueue" = queue_module.SimpleQueue()
+    front = logging.handlers.QueueHandler(queue)
+    front.addFilter(Redact(token))  # before the record is formatted and queued
+    root.addHandler(front)
+    listener = logging.handlers.QueueListener(queue, *handlers, respect_handler_level=True)
+    listener.start()
+
+    def stop() -> None:
+        root.removeHandler(front)
+        listener.stop()  # writes what is queued, then ends the thread
+        for handler in handlers:
+            handler.close()
+
+    return stop
 
 
-def _create_private(path: str) -> None:
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
-    os.chmod(path, 0o600)
-    # Rotated files are renamed from this one and keep its mode.
+class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
+    """A rotating log file that is 0600 from the first byte, every rotation
+    included, and that checks its size without a stat and a second
+    formatting of each record (the base class's cost per line)."""
+
+    def _open(self):
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.chmod(self.baseFilename, 0o600)  # a file left by an older daemon
+        return open(fd, "a", encoding=self.encoding, errors=self.errors)
+
+    def shouldRollover(self, record: logging.LogRecord) -> bool:
+        # One line past the limit is allowed: the open stream's position is the size.
+        if self.stream is None:
+            self.stream = self._open()
+        return self.maxBytes > 0 and self.stream.tell() >= self.maxBytes
 
 
 def _quoted(secret: str) -> str:

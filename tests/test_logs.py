@@ -1,4 +1,5 @@
 import logging
+import os
 
 from lich_control import logs
 from lich_control.lifeline import SessionLock
@@ -6,11 +7,9 @@ from lich_control.lifeline import SessionLock
 SECRET = "tok/en+with&odd=chars"
 
 
-def test_the_token_never_reaches_a_log_line(tmp_path, capsys):
+def test_the_token_never_reaches_a_log_line(tmp_path, capfd):
     path = tmp_path / "s1.log"
-    root = logging.getLogger("lich_control")
-    before = list(root.handlers)
-    logs.setup(SECRET, "DEBUG", str(path))
+    stop = logs.setup(SECRET, "DEBUG", str(path))
     try:
         log = logging.getLogger("lich_control.test")
         log.warning("url was http://x/?token=%s", SECRET)
@@ -20,27 +19,45 @@ def test_the_token_never_reaches_a_log_line(tmp_path, capsys):
         except ValueError:
             log.exception("failed with %s", SECRET)
     finally:
-        for handler in root.handlers[len(before):]:
-            handler.close()
-            root.removeHandler(handler)
-    written = path.read_text() + capsys.readouterr().err
-    assert "[token]" in written and "boom" in written
+        stop()
+    written = path.read_text() + capfd.readouterr().err
+    assert "[token]" in written and "boom" in written and "quoted: [token]" in written
     assert SECRET not in written and "tok%2Fen%2Bwith%26odd%3Dchars" not in written
 
 
-def test_the_log_file_is_0600(tmp_path):
-    path = tmp_path / "s2.log"
-    logs._create_private(str(path))
-    assert (path.stat().st_mode & 0o777) == 0o600
+def test_stop_writes_every_queued_line(tmp_path):
+    path = tmp_path / "s1.log"
+    stop = logs.setup("tok-9x", "INFO", str(path))
+    log = logging.getLogger("lich_control.test")
+    for i in range(500):
+        log.info("line %d", i)
+    stop()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 500 and lines[-1].endswith("line 499")
 
 
-def test_urllib3_request_lines_are_kept_below_debug(tmp_path):
-    root = logging.getLogger("lich_control")
-    before = list(root.handlers)
-    logs.setup(SECRET, "DEBUG", None)
-    for handler in root.handlers[len(before):]:
-        root.removeHandler(handler)
-    assert logging.getLogger("urllib3").getEffectiveLevel() >= logging.WARNING
+def test_the_level_decides_what_is_written(tmp_path):
+    path = tmp_path / "s1.log"
+    stop = logs.setup("tok-9x", "warning", str(path))
+    log = logging.getLogger("lich_control.test")
+    log.info("not this")
+    log.warning("but this")
+    stop()
+    assert "not this" not in path.read_text() and "but this" in path.read_text()
+
+
+def test_the_log_file_and_every_rotation_are_0600(tmp_path):
+    path = str(tmp_path / "s2.log")
+    handler = logs.PrivateRotatingFile(path, maxBytes=200, backupCount=2, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "y" * 120, None, None)
+    for _ in range(6):
+        handler.emit(record)
+    handler.close()
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["s2.log", "s2.log.1", "s2.log.2"]
+    assert all((os.stat(tmp_path / n).st_mode & 0o777) == 0o600 for n in names)
+    assert os.path.getsize(path) < 400
 
 
 def test_a_session_lock_admits_one_holder_and_is_removed_on_release(tmp_path):
