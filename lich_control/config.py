@@ -6,11 +6,9 @@ the lich client builds; `repr` leaves it out so no log or traceback shows it.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
-import tempfile
 from typing import Mapping, Optional
 
 import attrs
@@ -70,6 +68,8 @@ def run_dir(env: Mapping[str, str]) -> str:
         return env["LICH_CONTROL_RUN_DIR"]
     if env.get("XDG_RUNTIME_DIR"):
         return os.path.join(env["XDG_RUNTIME_DIR"], "lich-control")
+    import tempfile  # only here: ~8 ms of the daemon's start otherwise
+
     return os.path.join(tempfile.gettempdir(), f"lich-control-{os.getuid()}")
 
 
@@ -80,6 +80,8 @@ def session_path(folder: str, session_id: str, suffix: str) -> str:
         plain = os.path.join(folder, f"{session_id}.sock")
         if len(os.fsencode(plain)) <= MAX_SOCKET_PATH:
             return os.path.join(folder, f"{session_id}.{suffix}")
+    import hashlib  # only for the rare awkward id: OpenSSL takes 5-25 ms to load
+
     digest = hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return os.path.join(folder, f"s-{digest}.{suffix}")
 

@@ -9,7 +9,6 @@ once a second to compare the parent's pid.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import fcntl
 import logging
 import os
@@ -33,7 +32,9 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The interpreter's own symbols include libc's: no library search
+        # (find_library runs ldconfig, ~5 ms of the daemon's start).
+        libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
