@@ -97,7 +97,7 @@ class FakeLich:
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                     self.close_connection = True
                     return
-                self._send(answer.status, body, length=answer.length)
+                self._send(answer.status, body, length=answer.length, close=answer.close_after)
                 if answer.close_after:
                     self.wfile.flush()
                     self.close_connection = True
@@ -131,8 +131,10 @@ class FakeLich:
                     return self._send(401, b"bad token")
                 self._send(status, b"" if status == 204 else b"refused: because the test said so")
 
-            def _send(self, status, body, length=None):
+            def _send(self, status, body, length=None, close=False):
                 self.send_response(status)
+                if close:  # a server that closes says so, or a client may reuse the connection first
+                    self.send_header("Connection", "close")
                 if status != 204:
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(body) if length is None else length))
