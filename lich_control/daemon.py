@@ -88,9 +88,7 @@ class Daemon:
         self.asks.stop()
         self.worker.stop(timeout=left())
         self.acker.stop(timeout=left())
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close("the daemon is stopping")
+        self.engine.close("the daemon is stopping")
 
     def _crashed(self, reason: str) -> None:
         self.exit_code = 1

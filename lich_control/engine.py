@@ -55,6 +55,9 @@ class Engine(Protocol):
 
     def set_overrides(self, overrides: Overrides) -> "Future[CallResult]": ...
 
+    def close(self, reason: str) -> None:
+        """Fail every call still waiting with `reason`, and any made later."""
+
 
 class Turns:
     """The main loop's running turn, as turn.start and turn.complete tell it.
