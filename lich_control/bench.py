@@ -134,7 +134,6 @@ class Relay:
         self.session_id = session_id
         self.fork_delay = fork_delay
         self.on_call: Optional[Callable[[float, dict], None]] = None
-        self.hello_at: Optional[float] = None
         self.errors: List[str] = []
         self._hello = threading.Event()
         self._socket: Optional[str] = None
@@ -176,7 +175,6 @@ class Relay:
                 now = CLOCK()
                 doc = json.loads(raw)
                 if doc.get("op") == "hello":
-                    self.hello_at = now
                     self._socket = doc["socket"]
                     conn = UnixConnection(self._socket)
                     self._forker.start()
@@ -712,13 +710,13 @@ def summarize(runs: List[dict], once: dict) -> Dict[str, dict]:
     return out
 
 
-def flags(runs: List[dict], once: dict) -> Dict[str, bool]:
+def flags(runs: List[dict], once: dict) -> Dict[str, Optional[bool]]:
     return {
         "burst_acks_in_order": all(run["burst"]["in_order"] for run in runs),
         "burst_next_poll_before_last_ack": all(
             run["burst"]["next_poll_ms"] is not None and run["burst"]["next_poll_ms"] < run["burst"]["last_ack_s"] * 1000 for run in runs
         ),
-        "scale_all_acked_ok": all(doc["all_acked_ok"] for doc in once["scale"]),
+        "scale_all_acked_ok": all(doc["all_acked_ok"] for doc in once["scale"]) if once["scale"] else None,
     }
 
 
@@ -738,7 +736,7 @@ def table(summary: Dict[str, dict], checks: Dict[str, bool], sizes: Sizes) -> st
         lines.append(f"{entry['label']:<30} {show(entry['median']):>10} {rng:>24} {target:>10} {ratio:>8}  {verdict}")
     lines.append("-" * 95)
     for name, ok in checks.items():
-        lines.append(f"{name.replace('_', ' '):<62} {'yes' if ok else 'NO'}")
+        lines.append(f"{name.replace('_', ' '):<62} {'not run' if ok is None else 'yes' if ok else 'NO'}")
     lines.append(
         "ratios: ack latency in units of one null-client ack; burst rate as a share of the null client's rate "
         "(the stub's ceiling, measured in the same run)"

@@ -296,13 +296,20 @@ class _SocketWatch:
     def __init__(self):
         self._lock = threading.Lock()
         self._socks = []
+        self._abandoned = False
 
     def add(self, sock: socket.socket) -> None:
         with self._lock:
             self._socks = [s for s in self._socks if s.fileno() != -1] + [sock]
+            abandoned = self._abandoned
+        if abandoned:
+            # Opened after the cut, by a poll already past its stop check:
+            # cut too, or it would park for 25 s and take commands nobody applies.
+            sock.shutdown(socket.SHUT_RDWR)
 
     def shut_all(self) -> None:
         with self._lock:
+            self._abandoned = True
             socks, self._socks = self._socks, []
         for sock in socks:
             try:

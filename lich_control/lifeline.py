@@ -59,6 +59,10 @@ class ParentWatch:
         poller = select.poll()
         watched = {}
         for fd, events in ((0, select.POLLIN), (1, 0)):
+            if fd == 0 and _is_pipe(0) and _at_end(0):
+                # A stdin closed from the start (a spawn given no input) says
+                # nothing about the parent; only one closed later does.
+                continue
             if _is_pipe(fd):
                 poller.register(fd, events)  # POLLHUP and POLLERR are always reported
                 watched[fd] = events
@@ -78,6 +82,18 @@ class ParentWatch:
                 if fd == 0:
                     return self._on_gone("the parent closed the daemon's stdin")
                 return self._on_gone("the parent closed its end of the daemon's stdout")
+
+
+def _at_end(fd: int) -> bool:
+    """True when fd is already at its end: hung up, or readable with nothing to read."""
+    probe = select.poll()
+    probe.register(fd, select.POLLIN)
+    ready = probe.poll(0)
+    if not ready:
+        return False
+    if ready[0][1] & select.POLLHUP and not ready[0][1] & select.POLLIN:
+        return True
+    return os.read(fd, 65536) == b"" if ready[0][1] & select.POLLIN else False
 
 
 def _is_pipe(fd: int) -> bool:

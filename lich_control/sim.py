@@ -86,6 +86,9 @@ class SimEngine:
     def abort_turn(self, turn_id: str) -> "Future[CallResult]":
         future: "Future[CallResult]" = Future()
         with self._cond:
+            if self._closed is not None:
+                future.set_result(CallResult.failed(self._closed))
+                return future
             if self._turn is None or self._turn.id != turn_id:
                 running = self._turn.id if self._turn else "none"
                 future.set_result(CallResult.failed(f"{turn_id} is not the running turn (running: {running})"))
@@ -96,17 +99,25 @@ class SimEngine:
 
     def set_overrides(self, overrides: Overrides) -> "Future[CallResult]":
         with self._cond:
+            if self._closed is not None:
+                return resolved(CallResult.failed(self._closed))
             self._overrides = overrides
         self._report(f"overrides now model={overrides.model or '(session)'} effort={overrides.effort or '(session)'}")
         return resolved(CallResult.answered(None))
 
     def fork(self, prompt: str) -> "Future[CallResult]":
         future: "Future[CallResult]" = Future()
+        if self._closed is not None:
+            future.set_result(CallResult.failed(self._closed))
+            return future
         failure = next((reason for reason in FORK_FAILURES if f"fail:{reason}" in prompt), None)
         question = prompt.rsplit("Question: ", 1)[-1]
         self._report(f"fork started for {_short(question)!r}")
 
         def answer() -> None:
+            if self._closed is not None:
+                future.set_result(CallResult.failed(self._closed))
+                return
             if failure is not None:
                 self._report(f"fork for {_short(question)!r} failed: {failure}")
                 future.set_result(CallResult.answered(FORK_FAILURES[failure]))

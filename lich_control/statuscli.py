@@ -73,9 +73,12 @@ def ask(path: str, timeout: float = TIMEOUT) -> Found:
     if resp.status != 200:
         return Found(path, stale=f"the socket answered {resp.status}")
     try:
-        return Found(path, status=json.loads(body))
+        doc = json.loads(body)
     except ValueError:
         return Found(path, stale="the socket answered with something that is not JSON")
+    if not isinstance(doc, dict) or not isinstance(doc.get("daemon"), dict) or not isinstance(doc.get("poll"), dict):
+        return Found(path, stale="the socket answered with something that is not a daemon's status")
+    return Found(path, status=doc)
 
 
 def sockets(folder: str) -> List[str]:

@@ -475,6 +475,7 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         wanted = _MOD_PATHS.get(url.path)
         if wanted is None:
+            self.close_connection = True  # an unread body must not be taken for a request
             return self._reply(404, b"no such path\n")
         if self.command != wanted:
             self.close_connection = True  # an unread body must not be taken for a request
@@ -493,6 +494,10 @@ class _Handler(BaseHTTPRequestHandler):
         if batch is None:
             self.close_connection = True
             return
+        if self.lich._closed:
+            # A closed lich answers its last poll and hangs up: a mod kept on
+            # this connection would otherwise poll a closing stub in a loop.
+            self.close_connection = True
         self._reply(200, json.dumps(batch, ensure_ascii=False).encode("utf-8", "backslashreplace"), "application/json")
 
     def _acks(self, query: dict) -> None:

@@ -2,7 +2,8 @@
 
 `serve` writes `lich-stub.json` (port, token, pid; mode 0600) in the run
 folder (`config.run_dir`'s rules) and removes it when it stops; `control`
-and `ask` read it, so the token never crosses argv or a terminal. They
+and `ask` read it, so the token need not cross argv or a terminal (`--token`
+is there for a stub started elsewhere, and puts it on the command line). They
 queue one command through the stub's `/stub/control`, which answers once
 the command is acked or the time is up, and print what became of it.
 """

@@ -194,6 +194,8 @@ class _Handler:
             try:
                 n = int(line, 16)
             except ValueError:
+                n = -1
+            if n < 0:  # a negative size would read to the end of the stream
                 return None, (400, b"a malformed chunk\n")
             if n == 0:
                 while self._rfile.readline(1024).strip():

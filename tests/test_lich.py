@@ -162,3 +162,19 @@ def test_a_5xx_ack_is_a_failure_not_a_refusal(server, client):
 
 def test_the_config_repr_leaves_the_token_out():
     assert TOKEN not in repr(Config(port=1, token=TOKEN, session_id="s1", run_dir="/tmp/x"))
+
+
+def test_a_connection_opened_after_abandon_is_cut_at_once():
+    import socket as socket_module
+
+    from lich_control.lich import _SocketWatch
+
+    watch = _SocketWatch()
+    watch.shut_all()
+    left, right = socket_module.socketpair()
+    try:
+        watch.add(left)  # a poll that was already past its stop check
+        assert left.recv(1) == b""  # shut: a read sees the end at once instead of parking
+    finally:
+        left.close()
+        right.close()

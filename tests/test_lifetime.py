@@ -189,3 +189,20 @@ def test_the_exit_of_the_thread_that_spawned_the_daemon_is_not_the_parent_dying(
         os.close(read_fd)
         parent.stdin.close()
         parent.stdout.close()
+
+
+def test_a_stdin_closed_from_the_start_is_not_taken_for_the_parent_leaving(daemon_env, lich):
+    read_fd, write_fd = os.pipe()
+    os.close(write_fd)  # the spawn gave the daemon a pipe with nothing behind it
+    proc = subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], cwd=ROOT, env=env_for(daemon_env), stdin=read_fd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    os.close(read_fd)
+    try:
+        json.loads(proc.stdout.readline())  # hello
+        lich.wait_parked()
+        lich.send({"id": "m12", "kind": "rewind"})
+        assert lich.ack_for("m12")["error"] == "unknown kind"
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(5)
+        proc.stdout.close()

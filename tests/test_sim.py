@@ -170,3 +170,13 @@ def test_close_fails_what_waits_and_what_comes_after(make):
     assert waiting.result(WAIT).error == "the daemon is stopping"
     assert engine.run_command("clear", None).result(WAIT).error == "the daemon is stopping"
 
+
+
+def test_a_closed_session_fails_every_call_at_once():
+    from lich_control.engine import Overrides, Turns
+    from lich_control.sim import SimEngine
+
+    engine = SimEngine(Turns(), turn_seconds=0.1, steps=1, fork_seconds=0.01)
+    engine.close("the daemon is stopping")
+    futures = [engine.abort_turn("t1"), engine.fork("q"), engine.set_overrides(Overrides("m", None)), engine.submit_prompt("p"), engine.run_command("c", None)]
+    assert [f.result(timeout=1).error for f in futures] == ["the daemon is stopping"] * 5

@@ -172,3 +172,18 @@ def test_colour_on_a_terminal_keeps_the_columns_aligned():
     strip = lambda line: line.replace("\033[1m", "").replace("\033[32m", "").replace("\033[31m", "").replace("\033[0m", "")
     assert "\033[32mpolling\033[0m" in coloured[1]
     assert [strip(line) for line in coloured] == plain
+
+
+def test_a_socket_answering_something_that_is_not_a_status_is_reported_not_a_crash(tmp_path, monkeypatch, capsys):
+    from lich_control.bridge import BadMessage
+    from lich_control.statuscli import main
+    from lich_control.unixhttp import Routes, UnixHttpServer
+
+    server = UnixHttpServer(str(tmp_path / "odd.sock"), Routes(None, None, lambda: ["not", "a", "status"], BadMessage))
+    server.listen()
+    monkeypatch.setenv("LICH_CONTROL_RUN_DIR", str(tmp_path))
+    try:
+        main([])
+    finally:
+        server.close()
+    assert "not a daemon's status" in capsys.readouterr().out

@@ -238,3 +238,15 @@ def test_close_lets_a_waiter_go_at_once(http, clock):
     lich.close()
     waiting.join(WAIT)
     assert not waiting.is_alive()
+
+
+def test_an_unknown_path_closes_the_connection_so_its_body_is_not_read_as_a_request(http, lich):
+    answer = http.post(f"{lich.url}/mod/ack", params={"token": lich.token}, data=json.dumps({"id": "x"}), timeout=WAIT)
+    assert answer.status_code == 404 and answer.headers.get("Connection") == "close"
+
+
+def test_a_closed_stub_hangs_up_after_its_last_answer(http, lich):
+    first_poll(http, lich)
+    lich.close()
+    answer = poll(http, lich)
+    assert answer.json() == [] and answer.headers.get("Connection") == "close"

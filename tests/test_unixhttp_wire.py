@@ -83,3 +83,8 @@ def test_a_chunked_body_is_read_and_connection_close_is_honoured(server):
 def test_a_body_without_length_is_411_and_garbage_is_400(server):
     assert raw(server.path, b"POST /v1/result HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 411 ")
     assert raw(server.path, b"hello\r\n").startswith(b"HTTP/1.1 400 ")
+
+
+def test_a_negative_chunk_size_is_refused_not_read_to_the_end(server):
+    out = raw(server.path, b"POST /v1/result HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\nxx\r\n")
+    assert out.startswith(b"HTTP/1.1 400 ") and b"a malformed chunk" in out
