@@ -5,10 +5,19 @@
 
 const RESTARTS = 5
 const FIRST_DELAY_MS = 1000
+// A daemon that ran this long before it died earns a fresh restart budget.
+const HEALTHY_MS = 60_000
+// Exit 2: the daemon refused its configuration (bridge.md); a restart cannot mend that.
+const CONFIG_ERROR = 2
+const NO_OVERRIDES = { model: null, effort: null }
 
 // One decision per loaded module, however often session.start fires.
 let claimed = false
-let overrides = { model: null, effort: null }
+let overrides = NO_OVERRIDES
+// The main loop's running turn, and the daemon life it was sent to, so that
+// a restarted daemon hears of it once.
+let mainTurn = null
+let mainTurnSentTo = null
 // Settles with the running daemon's socket once its hello arrives, or with
 // null once it is known that no daemon will run (again): outside lich,
 // events then drain at once instead of piling up behind a hello that
@@ -33,12 +42,17 @@ export function register(on, options) {
 
   // Only the main loop's turn can be aborted with $.turn.abort.
   on('turn.start', async ($, e, next) => {
-    if (e.agentId === undefined) forward($, 'turn.start', e.turnId)
+    if (e.agentId === undefined) {
+      mainTurn = e.turnId
+      mainTurnSentTo = daemon
+      forward($, 'turn.start', e.turnId)
+    }
     return next(e)
   })
 
   // Every end goes over: the daemon ignores the ends of turns it did not record.
   on('turn.complete', async ($, e, next) => {
+    if (e.turnId === mainTurn) mainTurn = null
     forward($, 'turn.complete', e.turnId)
     return next(e)
   })
@@ -75,19 +89,35 @@ async function keepRunning($, python) {
     cwd: $.plugin.root,
     ...(env && { env }),
   }
-  for (let restarts = 0; ; restarts += 1) {
+  let restarts = 0
+  for (;;) {
+    const began = await now($)
     const end = await run($, request)
-    // Its socket went with it: what comes next waits for the next hello.
+    // Its socket went with it: what comes next waits for the next hello. The
+    // overrides it set go too: the next daemon starts with none, as lich
+    // hears from it.
     if (daemon.value !== undefined) daemon = deferred()
+    overrides = NO_OVERRIDES
     if (end.code === 0) return
+    if (end.code === CONFIG_ERROR) {
+      log($, `lich_control daemon ${describe(end)}: its configuration is wrong; not restarting it`)
+      return
+    }
+    const ended = await now($)
+    if (began !== undefined && ended !== undefined && ended - began >= HEALTHY_MS) restarts = 0
     if (restarts === RESTARTS) {
       log($, `lich_control daemon ${describe(end)}; not restarting it again`)
       return
     }
     const delay = FIRST_DELAY_MS * 2 ** restarts
-    log($, `lich_control daemon ${describe(end)}; restart ${restarts + 1} of ${RESTARTS} in ${delay} ms`)
+    restarts += 1
+    log($, `lich_control daemon ${describe(end)}; restart ${restarts} of ${RESTARTS} in ${delay} ms`)
     await $.clock.sleep(delay).catch(() => undefined)
   }
+}
+
+async function now($) {
+  return $.clock.now().catch(() => undefined)
 }
 
 // Runs the daemon once, to its end; never throws.
@@ -123,8 +153,13 @@ function receive($, line) {
   if (message?.op === 'hello' && typeof message.socket === 'string' && message.socket) {
     log($, `lich_control daemon ${message.pid} (${message.version}, protocol ${message.protocol}) listens on ${message.socket}`)
     daemon.settle(message.socket)
+    // A daemon started mid-turn (a restart) would not know the turn to abort.
+    if (mainTurn !== null && mainTurnSentTo !== daemon) {
+      mainTurnSentTo = daemon
+      forward($, 'turn.start', mainTurn)
+    }
   } else if (message?.op === 'call') {
-    void perform($, message)
+    void perform($, message, daemon)
   } else {
     log($, `lich_control daemon sent an unknown op ${JSON.stringify(message?.op)}`)
   }
@@ -132,12 +167,18 @@ function receive($, line) {
 
 // Started the moment its line is read and never awaited by the reader, so a
 // prompt waiting for an idle session holds up no abort behind it.
-async function perform($, { id, method, args }) {
+async function perform($, { id, method, args }, life) {
   let result
   try {
     result = { id, ok: true, value: (await invoke($, method, args)) ?? null }
   } catch (err) {
     result = { id, ok: false, error: messageOf(err) }
+  }
+  // Call ids start again with each daemon: a result for one that has ended
+  // would settle the next one's call of the same id.
+  if (daemon !== life) {
+    log($, `lich_control: the daemon that asked for ${id} (${method}) has ended; its result is dropped`)
+    return
   }
   await post($, '/v1/result', result)
 }
