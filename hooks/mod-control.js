@@ -116,8 +116,13 @@ async function keepRunning($, python) {
   }
 }
 
+// The host's clock, or undefined: a failed read only skips the budget refill.
 async function now($) {
-  return $.clock.now().catch(() => undefined)
+  try {
+    return await $.clock.now()
+  } catch {
+    return undefined
+  }
 }
 
 // Runs the daemon once, to its end; never throws.

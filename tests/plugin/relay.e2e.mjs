@@ -154,7 +154,7 @@ class FakeSession extends EventEmitter {
       plugin: { name: 'lich-control', root: ROOT },
       env: { get: async name => session.env[name] },
       ui: { log: text => session.logs.push(text) },
-      clock: { sleep: ms => new Promise(resolve => setTimeout(resolve, ms).unref()) },
+      clock: { sleep: ms => new Promise(resolve => setTimeout(resolve, ms).unref()), now: async () => Date.now() },
       process: {
         hookEnv: async () => ({ CLAUDE_PID: String(process.pid), CLAUDE_PLUGIN_ROOT: ROOT }),
         spawn: request => session.#spawn(request),
