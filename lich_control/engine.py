@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import attrs
-
-try:
-    from typing import Protocol
-except ImportError:  # Python 3.7
-    Protocol = object  # type: ignore
 
 
 @attrs.frozen
