@@ -187,9 +187,7 @@ class Relay:
                     self._forks.put((now + self.fork_delay, doc["id"]))
                     continue
                 value = {"text": doc["args"]["text"]} if doc["method"] == "prompt.submit" else None
-                status = post_result(conn, {"id": doc["id"], "ok": True, "value": value})
-                if status != 204:
-                    self.errors.append(f"{doc['id']}: /v1/result answered {status}")
+                self._answer(conn, doc["id"], value)
         except (OSError, http.client.HTTPException) as exc:
             if self.proc.poll() is None:
                 self.errors.append(f"the relay stand-in lost the daemon: {exc!r}")
@@ -197,6 +195,11 @@ class Relay:
             if conn is not None:
                 conn.close()
             self._forks.put(None)
+
+    def _answer(self, conn: "UnixConnection", call_id: str, value) -> None:
+        status = post_result(conn, {"id": call_id, "ok": True, "value": value})
+        if status != 204:
+            self.errors.append(f"{call_id}: /v1/result answered {status}")
 
     def _answer_forks(self) -> None:
         conn = UnixConnection(self._socket)
@@ -209,10 +212,7 @@ class Relay:
                 left = due - CLOCK()
                 if left > 0:
                     time.sleep(left)  # the scenario is about time: a fork takes this long
-                reply = {"isAnswered": True, "text": f"answer to {call_id}"}
-                status = post_result(conn, {"id": call_id, "ok": True, "value": reply})
-                if status != 204:
-                    self.errors.append(f"{call_id}: /v1/result answered {status}")
+                self._answer(conn, call_id, {"isAnswered": True, "text": f"answer to {call_id}"})
         except (OSError, http.client.HTTPException) as exc:
             if self.proc.poll() is None:
                 self.errors.append(f"the fork answerer lost the daemon: {exc!r}")

@@ -130,12 +130,11 @@ def run(config: Config, engine_name: str, parent: int) -> int:
     turns = Turns()
     socket_path = config.path("sock")
     activity = Activity(config.session_id, engine_name, turns, files={"socket": socket_path, "log_file": config.path("log")})
-    holder = {}
 
     def stop(reason: str) -> None:
-        daemon = holder.get("daemon")
-        if daemon is not None:
-            daemon.request_stop(reason)
+        # Bound late: the bridge needs this before the daemon exists, and
+        # nothing calls it before the hello, which comes after.
+        daemon.request_stop(reason)
 
     if engine_name == "sim":
         from .sim import SimEngine
@@ -146,7 +145,7 @@ def run(config: Config, engine_name: str, parent: int) -> int:
         engine = Bridge(sys.stdout.buffer, turns, on_broken=stop)
         routes = Routes(engine.result, engine.event, activity.snapshot, BadMessage)
 
-    daemon = holder["daemon"] = Daemon(config, engine, turns, activity)
+    daemon = Daemon(config, engine, turns, activity)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # The handler only records; the main thread does the stopping.
         signal.signal(sig, lambda signum, frame: daemon.request_stop(f"got {signal.Signals(signum).name}"))

@@ -218,11 +218,7 @@ describe('events', () => {
 describe('overrides', () => {
   test('applied to every turn.step from memory, and dropped by nulls', async ($, on) => {
     const world = new World(on)
-    const sent: any[] = []
-    on('turn.step', async function* ($, e) {
-      sent.push(e)
-      return answered(e)
-    })
+    const sent = world.recordSteps(on)
     await $.session.start(INTERACTIVE)
     await world.untilSpawned(1)
     world.child.hello('/s1')
@@ -387,11 +383,7 @@ describe('restarts', () => {
 
   test('a restarted daemon hears of the running turn and starts with no overrides', async ($, on) => {
     const world = new World(on)
-    const sent: any[] = []
-    on('turn.step', async function* ($, e) {
-      sent.push(e)
-      return answered(e)
-    })
+    const sent = world.recordSteps(on)
     await $.session.start(INTERACTIVE)
     await world.untilSpawned(1)
     world.child.hello('/s1')

@@ -110,6 +110,16 @@ export class World {
     })
   }
 
+  // The model requests that reach the bottom, as the relay passed them on.
+  recordSteps(on: On): any[] {
+    const sent: any[] = []
+    on('turn.step', async function* ($, e) {
+      sent.push(e)
+      return answered(e)
+    })
+    return sent
+  }
+
   get child(): Child {
     return this.children[this.children.length - 1]
   }
