@@ -23,12 +23,12 @@ test: $(STAMP)
 	$(VENV_PY) -m pytest
 
 demo: $(STAMP)
-	$(VENV_PY) -m lich_control.demo
+	$(VENV_PY) -m lich_control.dev.demo
 
 # Keeps a development lich and a daemon on the simulated session up for
 # driving by hand with bin/lich-stub control (it prints how).
 run: $(STAMP)
-	$(VENV_PY) -m lich_control.demo --run
+	$(VENV_PY) -m lich_control.dev.demo --run
 
 # Not part of make test (which runs it once with --smoke): about 4 minutes.
 # It measures the daemon as `pip install .` deploys it: an editable install's

@@ -11,11 +11,11 @@ import queue
 import threading
 from typing import Callable
 
-from .acks import Ack, AckTooLarge
-from .activity import Activity
+from .ack import Ack, AckTooLarge
+from .status import Activity
 from .lich import AckFailed, LichClient
 
-log = logging.getLogger("lich_control.acks")
+log = logging.getLogger("lich_control.acker")
 
 
 def send_ack(client: LichClient, activity: Activity, ack: Ack) -> bool:

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from .acker import send_ack
-from .acks import Ack
-from .activity import Activity
+from .ack import Ack
+from .status import Activity
 from .commands import Command, ask_prompt
 from .engine import CallResult, Engine
 from .lich import LichClient

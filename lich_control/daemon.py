@@ -25,7 +25,7 @@ from typing import Optional
 
 from . import __version__, logs
 from .acker import Acker
-from .activity import Activity
+from .status import Activity
 from .asks import Asks
 from .bridge import BadMessage, Bridge
 from .config import BadConfig, Config, NotInLich, ensure_run_dir, socket_too_long
@@ -33,7 +33,7 @@ from .engine import Turns
 from .lich import LichClient
 from .lifeline import LOCK_WAIT_SECONDS, ParentWatch, SessionLock, set_parent_death_signal
 from .poller import Poller
-from .unixhttp import Routes, UnixHttpServer
+from .unix_socket import Routes, UnixHttpServer
 from .worker import Worker
 
 log = logging.getLogger("lich_control.daemon")
@@ -137,7 +137,7 @@ def run(config: Config, engine_name: str, parent: int) -> int:
         daemon.request_stop(reason)
 
     if engine_name == "sim":
-        from .sim import SimEngine
+        from .dev.sim import SimEngine
 
         engine = SimEngine(turns, report=_sim_report)
         routes = Routes(_no_relay, _no_relay, activity.snapshot, BadMessage)

@@ -23,7 +23,7 @@ from typing import Any, List, Optional, Tuple
 from urllib.parse import quote
 
 from . import __version__
-from .acks import Ack
+from .ack import Ack
 from .config import Config
 
 # (connect, read) in seconds. lich holds a poll up to 25 s and Claude Code's

@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Callable, List, Optional
 
-from .activity import Activity
+from .status import Activity
 from .backoff import Backoff
 from .commands import Command, Discarded, parse_batch
 from .lich import LichClient, LichGone, PollFailed

@@ -20,8 +20,8 @@ from typing import Callable, Optional
 import attrs
 
 from .acker import Acker, send_ack
-from .acks import Ack
-from .activity import Activity
+from .ack import Ack
+from .status import Activity
 from .commands import Command, notification_text
 from .engine import CallResult, Engine, Overrides, Turns
 from .lich import LichClient

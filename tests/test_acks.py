@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from lich_control.acks import ANSWER_UNITS, MAX_BODY_BYTES, TRUNCATED, Ack, cut_answer
+from lich_control.ack import ANSWER_UNITS, MAX_BODY_BYTES, TRUNCATED, Ack, cut_answer
 
 
 def units(text):

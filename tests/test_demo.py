@@ -12,7 +12,7 @@ def test_the_demo_passes_shows_every_kind_and_leaves_nothing_behind():
     env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
     env["PYTHONPATH"] = ROOT
     # Its own session: the demo and its daemon share this process group.
-    proc = subprocess.Popen([sys.executable, "-m", "lich_control.demo"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "lich_control.dev.demo"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     group = proc.pid
     try:
         out, _ = proc.communicate(timeout=60)

@@ -8,7 +8,7 @@ import pytest
 
 from fakelich import Answer, FakeLich
 from lich_control import __version__, lich as lich_module
-from lich_control.acks import Ack
+from lich_control.ack import Ack
 from lich_control.config import Config
 from lich_control.lich import AckFailed, LichClient, LichGone, PollFailed, MAX_POLL_BODY
 

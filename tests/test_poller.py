@@ -2,7 +2,7 @@ import threading
 
 from freezegun import freeze_time
 
-from lich_control.activity import Activity
+from lich_control.status import Activity
 from lich_control.engine import Turns
 from lich_control.lich import LichGone, PollFailed
 from lich_control.poller import Poller

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from fakelich import Answer, FakeLich
-from lich_control import statuscli
-from lich_control.stub import StubLich
+from lich_control import status_cli as statuscli
+from lich_control.dev.lich import StubLich
 from relay import Relay
 
 WAIT = 10.0
@@ -176,8 +176,8 @@ def test_colour_on_a_terminal_keeps_the_columns_aligned():
 
 def test_a_socket_answering_something_that_is_not_a_status_is_reported_not_a_crash(tmp_path, monkeypatch, capsys):
     from lich_control.bridge import BadMessage
-    from lich_control.statuscli import main
-    from lich_control.unixhttp import Routes, UnixHttpServer
+    from lich_control.status_cli import main
+    from lich_control.unix_socket import Routes, UnixHttpServer
 
     server = UnixHttpServer(str(tmp_path / "odd.sock"), Routes(None, None, lambda: ["not", "a", "status"], BadMessage))
     server.listen()

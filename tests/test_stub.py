@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from lich_control.stub import NotPolling, Refused, StubLich, validate_ack
+from lich_control.dev.lich import NotPolling, Refused, StubLich, validate_ack
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "acks.jsonl")
 ACK_LINES = [json.loads(line) for line in open(FIXTURES, encoding="utf-8") if line.strip()]

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lich_control.stub import StubLich
-from lich_control.stubcli import RUNTIME_NAME, write_runtime
+from lich_control.dev.lich import StubLich
+from lich_control.dev.cli import RUNTIME_NAME, write_runtime
 from relay import ROOT, Relay
 
 WAIT = 10.0
@@ -44,7 +44,7 @@ def world(tmp_path_factory):
 def cli(run_dir, *args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
     env.update(LICH_CONTROL_RUN_DIR=run_dir, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "lich_control.stub", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    return subprocess.run([sys.executable, "-m", "lich_control.dev.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
 
 
 def no_token(lich, *done):
@@ -117,7 +117,7 @@ def test_without_a_running_serve_control_says_how_to_start_one(tmp_path):
 def test_serve_writes_a_private_runtime_file_and_removes_it_when_stopped(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
     env.update(LICH_CONTROL_RUN_DIR=str(tmp_path), PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "lich_control.stub", "serve"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "lich_control.dev.cli", "serve"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         with ThreadPoolExecutor(1) as pool:
             banner = pool.submit(proc.stdout.readline).result(WAIT)

@@ -6,7 +6,7 @@ import stat
 import pytest
 
 from lich_control.bridge import BadMessage
-from lich_control.unixhttp import Routes, UnixHttpServer
+from lich_control.unix_socket import Routes, UnixHttpServer
 from relay import UnixConnection, unix_request
 
 

@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from lich_control.unixhttp import Routes, UnixHttpServer
+from lich_control.unix_socket import Routes, UnixHttpServer
 from relay import UnixConnection
 
 

@@ -1,8 +1,8 @@
 """The demo: a development lich, a daemon on the simulated session, every kind of command.
 
-    python -m lich_control.demo          walk through every kind, check each
+    python -m lich_control.dev.demo          walk through every kind, check each
                                          outcome, show lich-mod-status, exit
-    python -m lich_control.demo --run    keep both up for lich-stub control,
+    python -m lich_control.dev.demo --run    keep both up for lich-stub control,
                                          until Ctrl-C
 
 The lich runs in this process (`StubLich`); the daemon is a subprocess in
@@ -32,11 +32,12 @@ from typing import List, Optional
 
 import attrs
 
-from .stub import Outcome, StubLich
-from .stubcli import RUNTIME_NAME, remove_runtime, write_runtime
+from .lich import Outcome, StubLich
+from .cli import RUNTIME_NAME, remove_runtime, write_runtime
 
 SESSION = "demo"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder that holds the lich_control package.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Short so the walk-through stays well under 30 s, long enough to abort a turn.
 DEMO_TIMINGS = {"LICH_SIM_TURN_SECONDS": "1.2", "LICH_SIM_STEPS": "3", "LICH_SIM_FORK_SECONDS": "0.5"}
 RUN_TIMINGS = {"LICH_SIM_TURN_SECONDS": "8", "LICH_SIM_STEPS": "4", "LICH_SIM_FORK_SECONDS": "2"}
@@ -184,7 +185,7 @@ class Demo:
 
     def status(self, *args: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "lich_control.statuscli", *args],
+            [sys.executable, "-m", "lich_control.status_cli", *args],
             cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=10,
         )
         return done.stdout + done.stderr

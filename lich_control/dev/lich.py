@@ -1,12 +1,12 @@
 """A development lich: the server side of the mod-control contract, small but faithful.
 
-    lich-stub serve [--port N] [--token T]          (python -m lich_control.stub)
+    lich-stub serve [--port N] [--token T]          (python -m lich_control.dev.cli)
     lich-stub control SESSION prompt TEXT | abort | model [NAME] | ...
     lich-stub ask SESSION QUESTION
 
 In-process use (the demo, the tests, the benchmark)::
 
-    from lich_control.stub import StubLich, NotPolling
+    from lich_control.dev.lich import StubLich, NotPolling
 
     with StubLich(hold=25.0) as lich:         # listens on 127.0.0.1, port 0
         lich.port, lich.token                   # give these to the daemon (LICH_PORT, LICH_TOKEN)
@@ -62,7 +62,7 @@ import attrs
 
 from .hangups import HangupWatch
 
-log = logging.getLogger("lich_control.stub")
+log = logging.getLogger("lich_control.dev.lich")
 
 HOLD_SECONDS = 25.0
 STALE_SECONDS = 30.0  # lich stops queueing for a mod this long without a poll
@@ -569,12 +569,3 @@ class _Handler(BaseHTTPRequestHandler):
         # The request line holds the token: never log it, even at debug level.
         log.debug("lich-stub: " + format.replace("%s", "%r"), *("[request]" if "token=" in str(a) else a for a in args))
 
-
-def main(argv=None) -> int:
-    from .stubcli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,9 +22,9 @@ from urllib.parse import quote
 
 import attrs
 
-from . import __version__
-from .config import BadConfig, ensure_run_dir, run_dir
-from .stub import HOLD_SECONDS, Outcome, StubLich
+from .. import __version__
+from ..config import BadConfig, ensure_run_dir, run_dir
+from .lich import HOLD_SECONDS, Outcome, StubLich
 
 RUNTIME_NAME = "lich-stub.json"
 DEFAULT_TIMEOUT = 100.0
@@ -248,3 +248,7 @@ def main(argv=None) -> int:
     if args.verb == "serve":
         return serve(args)
     return drive(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,10 +43,11 @@ from typing import Callable, Dict, List, Optional
 
 import attrs
 
-from .stub import StubLich
+from ..dev.lich import StubLich
 
 CLOCK = time.perf_counter
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder that holds the lich_control package.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WAIT = 60.0  # the longest any one step may take before the run is called broken
 
 

@@ -27,7 +27,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Deque, List, Optional, Tuple
 
-from .engine import CallResult, Overrides, Turns, resolved
+from ..engine import CallResult, Overrides, Turns, resolved
 
 DEFAULT_MODEL = "sim-model"
 DEFAULT_EFFORT = "medium"
