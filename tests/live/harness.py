@@ -69,7 +69,9 @@ def session_env(ws: Workspace, api: ModelAPI, api_key: str, lich: Optional[Lich]
         "TMPDIR": ws.tmp,
         "ANTHROPIC_API_KEY": api_key,
         "ANTHROPIC_BASE_URL": api.base_url,
-        # Keeps the flag service out, so mods keep their default: on.
+        # Keeps the flag service out, so mods keep their default, on: even a
+        # `false` an earlier run cached in ~/.claude.json is then not read
+        # (measured on 2.1.332; the debug log names the flag only when off).
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "LICH_CONTROL_RUN_DIR": ws.run_dir,
     }

@@ -6,6 +6,8 @@ then the same check 3 runs against a copy of the plugin whose relay lost its
 run left something. Everything is driven from lich's side (`lich-stub
 control` / `ask`) and observed on the model API's side, in lich's acks, in
 `lich-mod-status --json` and in Claude Code's debug log.
+
+The tests are the steps of one scenario, in file order: run the module whole.
 """
 import os
 import signal
@@ -140,10 +142,11 @@ def test_3_an_effort_override_is_on_the_next_request_and_gone_once_dropped(world
 
 
 def test_3_an_unknown_effort_is_refused(world, session):
+    before = session.wait_idle(WAIT)["overrides"]
     outcome = send(world, session, "effort", "ludicrous")
     assert outcome["ok"] is False
     assert outcome["ack"]["error"] == "unknown effort", outcome
-    assert session.wait_idle()["overrides"] == {"model": None, "effort": None}
+    assert session.wait_idle(WAIT)["overrides"] == before, "a refused effort changed the overrides"
 
 
 # --- 4 ----------------------------------------------------------------------
