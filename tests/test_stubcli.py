@@ -103,7 +103,7 @@ def test_a_session_with_no_mod_polling_is_refused_at_once_naming_what_to_check(w
     lich, run_dir = world
     done = cli(run_dir, "control", "nobody", "abort")
     assert done.returncode == 1
-    assert done.stderr.startswith("lich-stub: no mod has polled for session nobody")
+    assert done.stderr.startswith("lich-stub: session nobody cannot take commands: no mod has ever polled for it.")
     assert "LICH_SESSION_ID=nobody" in done.stderr
     no_token(lich, done)
 
