@@ -361,6 +361,13 @@ def test_an_unknown_path_closes_the_connection_so_its_body_is_not_read_as_a_requ
     assert answer.status_code == 404 and answer.headers.get("Connection") == "close"
 
 
+def test_verbose_logging_names_each_request_by_its_path_never_its_token(http, lich, caplog):
+    caplog.set_level(logging.DEBUG, logger="lich_control.dev.lich")
+    first_poll(http, lich)
+    assert "GET /mod/commands -> 200" in caplog.messages
+    assert not any(lich.token in line for line in caplog.messages)
+
+
 def test_a_closed_stub_hangs_up_after_its_last_answer(http, lich):
     first_poll(http, lich)
     lich.close()

@@ -147,7 +147,10 @@ class Handler(BaseHTTPRequestHandler):
         return tuple(self.headers.items())
 
     def log_request(self, code="-", size="-") -> None:
-        pass  # the ack path stays lean: no line per request
+        # `serve --verbose` only: the ack path stays lean otherwise. The path
+        # alone, never the query, which holds the token.
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s -> %s", self.command, urlsplit(self.path).path, code)
 
     def log_message(self, format: str, *args) -> None:
         # The request line holds the token: never log it, even at debug level.
