@@ -214,6 +214,16 @@ def serve(args) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 86400")
+    return value
+
+
 def _common(suppress: bool) -> argparse.ArgumentParser:
     """The options every verb takes, wherever they are written. Below the
     top level they default to nothing, so one written earlier stands."""
@@ -221,7 +231,7 @@ def _common(suppress: bool) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--port", type=int, default=default(None), help="the stub's port (default: from its runtime file; serve: any free one)")
     common.add_argument("--token", default=default(None), help="the stub's token (default: from its runtime file; serve: a random one)")
-    common.add_argument("--timeout", type=float, default=default(DEFAULT_TIMEOUT), help="how long to wait for the ack (s)")
+    common.add_argument("--timeout", type=_seconds, default=default(DEFAULT_TIMEOUT), help="how long to wait for the ack (s)")
     common.add_argument("--json", action="store_true", default=default(False), help="print the outcome as one JSON line")
     return common
 
@@ -235,7 +245,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="verb", required=True)
 
     s = sub.add_parser("serve", parents=[below], help="run the stub until Ctrl-C")
-    s.add_argument("--hold", type=float, default=HOLD_SECONDS, help="how long a poll is held (s)")
+    s.add_argument("--hold", type=_seconds, default=HOLD_SECONDS, help="how long a poll is held (s)")
     s.add_argument("--verbose", action="store_true", help="log every request (never the token)")
 
     c = sub.add_parser("control", parents=[below], help="queue one command and wait for its ack")

@@ -144,7 +144,7 @@ class Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
 
     def headers_as_sent(self) -> Tuple[Tuple[str, str], ...]:
-        return tuple(self.headers.items())
+        return tuple(self.headers.raw_items())
 
     def log_request(self, code="-", size="-") -> None:
         # `serve --verbose` only: the ack path stays lean otherwise. The path
