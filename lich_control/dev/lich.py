@@ -63,12 +63,12 @@ import time
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set
 
 from . import control
-from .faults import AckAnswer, Answer, Faults  # noqa: F401 (the fault API's values, for callers)
+from .faults import AckAnswer, Answer, Faults
 from .handler import RESET_LINGER, Server, make_handler
 from .hangups import HangupWatch
-from .record import NotSeen, Record  # noqa: F401
+from .record import NotSeen, Record
 from .releases import PluginReleases, compatible
-from .rules import (  # noqa: F401 (what callers import from here)
+from .rules import (
     CONTRACT_KINDS,
     HOLD_SECONDS,
     MAX_ACK_BYTES,
@@ -79,6 +79,12 @@ from .rules import (  # noqa: F401 (what callers import from here)
     validate_ack,
 )
 from .state import DELIVERED, DROPPED, WITHDRAWN, Mod, Outcome, PollInfo, Queued
+
+# What callers import from here: the lich, its values, and the fault API's.
+__all__ = [
+    "StubLich", "Outcome", "PollInfo", "Refused", "NotPolling", "Answer", "AckAnswer", "NotSeen",
+    "validate_ack", "HOLD_SECONDS", "STALE_SECONDS", "MAX_ACK_BYTES",
+]
 
 log = logging.getLogger("lich_control.dev.lich")
 
