@@ -12,9 +12,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 
+from lich_control.dev.cli import RUNTIME_NAME, Target, control, describe_failure, parser, write_runtime
 from lich_control.dev.lich import StubLich
-from lich_control.dev.cli import RUNTIME_NAME, write_runtime
+from lich_control.dev.rules import PLUGIN_TOO_OLD
+from lich_control.dev.state import DELIVERED, ENDED, WITHDRAWN, Outcome
 from relay import ROOT, Relay
 
 WAIT = 10.0
@@ -23,7 +26,8 @@ WAIT = 10.0
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     run_dir = str(tmp_path_factory.mktemp("cli"))
-    with StubLich() as lich:
+    # It knows a kind the daemon does not, as a lich newer than its plugin would.
+    with StubLich(newer_kinds={"rewind": ()}) as lich:
         write_runtime(os.path.join(run_dir, RUNTIME_NAME), lich.port, lich.token)
         env = {
             "LICH_PORT": str(lich.port),
@@ -103,9 +107,61 @@ def test_a_session_with_no_mod_polling_is_refused_at_once_naming_what_to_check(w
     lich, run_dir = world
     done = cli(run_dir, "control", "nobody", "abort")
     assert done.returncode == 1
-    assert done.stderr.startswith("lich-stub: no mod has polled for session nobody")
+    assert done.stderr.startswith("lich-stub: session nobody cannot take commands: no mod has ever polled for it.")
     assert "LICH_SESSION_ID=nobody" in done.stderr
     no_token(lich, done)
+
+
+def test_a_command_lich_refuses_is_refused_in_lichs_words(world):
+    lich, run_dir = world
+    done = cli(run_dir, "control", "s1", "command", "//Model", "opus")
+    assert done.returncode == 1
+    assert done.stderr.startswith("lich-stub: /model is refused as a command: Claude Code saves what it sets as the default")
+
+
+def test_the_options_are_taken_wherever_they_are_written(world, tmp_path):
+    lich, _ = world
+    # No runtime file in this folder: only the options can name the stub.
+    done = cli(str(tmp_path), "control", "--port", str(lich.port), "--token", lich.token, "s1", "model", "sim-opus")
+    assert done.returncode == 0, done.stderr
+    done = cli(str(tmp_path), "--json", "ask", "s1", "what", "now?", "--port", str(lich.port), "--timeout", "20", "--token", lich.token)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ack"]["answer"].startswith("(simulated)")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        "--port 7 --token T --timeout 3 --json control s1 prompt hi",
+        "control --port 7 --token T --timeout 3 --json s1 prompt hi",
+        "control s1 --port 7 --token T prompt --timeout 3 --json hi",
+        "control s1 prompt hi --port 7 --token T --timeout 3 --json",
+        "--port 7 control s1 --token T prompt --timeout 3 hi --json",
+    ],
+)
+def test_each_place_an_option_may_be_written_gives_the_same_command(argv):
+    args = vars(parser().parse_args(argv.split()))
+    assert args == dict(port=7, token="T", timeout=3.0, json=True, verb="control", session="s1", kind="prompt", text=["hi"], notify=None)
+
+
+def test_a_mod_acking_unknown_kind_is_reported_as_lich_reports_it(world):
+    lich, _ = world
+    outcome = control(Target(lich.port, lich.token), "s1", {"kind": "rewind"}, WAIT)
+    assert outcome.ack["error"] == "unknown kind" and outcome.error == PLUGIN_TOO_OLD
+    assert describe_failure(outcome, WAIT) == f"rewind {outcome.id} failed: {PLUGIN_TOO_OLD}"
+
+
+@pytest.mark.parametrize(
+    "state, said",
+    [
+        (WITHDRAWN, "no poll took abort k9 within 2 s, so it was withdrawn and will not run: is the mod for s1 still polling?"),
+        (DELIVERED, "abort k9 was delivered but not acked within 2 s"),
+        (ENDED, "abort k9 was not acked: the stub stopped first"),
+    ],
+)
+def test_an_unacked_outcome_is_one_line_that_says_what_became_of_it(state, said):
+    outcome = Outcome(id="k9", kind="abort", session_id="s1", state=state, delivered=state != WITHDRAWN)
+    assert describe_failure(outcome, 2.0) == said
 
 
 def test_without_a_running_serve_control_says_how_to_start_one(tmp_path):
@@ -129,6 +185,31 @@ def test_serve_writes_a_private_runtime_file_and_removes_it_when_stopped(tmp_pat
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(WAIT) == 0
         assert not path.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_serve_warns_once_about_a_plugin_release_lich_would_flag(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
+    env.update(LICH_CONTROL_RUN_DIR=str(tmp_path), PYTHONPATH=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "lich_control.dev.cli", "serve", "--hold", "0"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(proc.stdout.readline).result(WAIT)  # the banner: it listens
+            doc = json.loads((tmp_path / RUNTIME_NAME).read_text())
+            url = f"http://127.0.0.1:{doc['port']}/mod/commands"
+            with requests.Session() as http:
+                for plugin in ("0.1.0", "0.1.0", "0.16.0"):
+                    assert http.get(url, params={"token": doc["token"], "session_id": "s1"}, headers={"X-Lich-Plugin": plugin}, timeout=WAIT).json() == []
+            warning = pool.submit(proc.stderr.readline).result(WAIT)
+        assert warning.startswith("lich-stub: session s1: its mod names plugin release 0.1.0 in X-Lich-Plugin, outside the range")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT) == 0
+        assert proc.stderr.read() == ""  # once: the repeat and the release in range said nothing
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -6,6 +6,9 @@ and `ask` read it, so the token need not cross argv or a terminal (`--token`
 is there for a stub started elsewhere, and puts it on the command line). They
 queue one command through the stub's `/stub/control`, which answers once
 the command is acked or the time is up, and print what became of it.
+
+`--port`, `--token`, `--timeout` and `--json` are taken wherever they are
+written: before the verb, after it, or after the command's words.
 """
 from __future__ import annotations
 
@@ -24,10 +27,11 @@ import attrs
 
 from .. import __version__
 from ..config import BadConfig, ensure_run_dir, run_dir
-from .lich import HOLD_SECONDS, Outcome, StubLich
+from .control import DEFAULT_TIMEOUT
+from .lich import HOLD_SECONDS, StubLich
+from .state import DELIVERED, DROPPED, ENDED, Outcome
 
 RUNTIME_NAME = "lich-stub.json"
-DEFAULT_TIMEOUT = 100.0
 
 
 class Failed(Exception):
@@ -122,12 +126,17 @@ def describe_failure(outcome: Outcome, timeout: float) -> Optional[str]:
     if outcome.ok:
         return None
     if outcome.acked:
-        return f"{what} failed: {outcome.ack.get('error') or 'no reason given'}"
-    if outcome.dropped:
+        return f"{what} failed: {outcome.error or 'no reason given'}"
+    if outcome.state == DROPPED:
         return f"{what} was never delivered: {outcome.dropped}"
-    if outcome.delivered:
+    if outcome.state == ENDED:
+        return f"{what} was not acked: the stub stopped first"
+    if outcome.state == DELIVERED:
         return f"{what} was delivered but not acked within {timeout:g} s"
-    return f"no poll took {what} within {timeout:g} s: is the mod for {outcome.session_id} still polling?"
+    return (
+        f"no poll took {what} within {timeout:g} s, so it was withdrawn and will not run: "
+        f"is the mod for {outcome.session_id} still polling?"
+    )
 
 
 def build_command(args) -> dict:
@@ -142,7 +151,7 @@ def build_command(args) -> dict:
     if kind in ("model", "effort"):
         return {"kind": kind, kind: args.value} if args.value is not None else {"kind": kind}
     if kind == "command":
-        command = {"kind": "command", "name": args.name.lstrip("/")}
+        command = {"kind": "command", "name": args.name}  # lich drops one leading slash, and refuses /model
         if args.args:
             command["args"] = " ".join(args.args)
         return command
@@ -187,9 +196,9 @@ def serve(args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: stop.set())
     try:
-        lich = StubLich(token=args.token, port=args.port, hold=args.hold)
+        lich = StubLich(token=args.token, port=args.port or 0, hold=args.hold)
     except OSError as exc:
-        print(f"lich-stub: cannot listen on port {args.port}: {exc.strerror}", file=sys.stderr)
+        print(f"lich-stub: cannot listen on port {args.port or 0}: {exc.strerror}", file=sys.stderr)
         return 1
     with lich:
         try:
@@ -205,38 +214,55 @@ def serve(args) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 0 to 86400")
+    return value
+
+
+def _common(suppress: bool) -> argparse.ArgumentParser:
+    """The options every verb takes, wherever they are written. Below the
+    top level they default to nothing, so one written earlier stands."""
+    default = (lambda value: argparse.SUPPRESS) if suppress else (lambda value: value)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--port", type=int, default=default(None), help="the stub's port (default: from its runtime file; serve: any free one)")
+    common.add_argument("--token", default=default(None), help="the stub's token (default: from its runtime file; serve: a random one)")
+    common.add_argument("--timeout", type=_seconds, default=default(DEFAULT_TIMEOUT), help="how long to wait for the ack (s)")
+    common.add_argument("--json", action="store_true", default=default(False), help="print the outcome as one JSON line")
+    return common
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="lich-stub", description="A development lich: serve the mod-control contract, and drive it.")
+    below = _common(suppress=True)
+    top = argparse.ArgumentParser(
+        prog="lich-stub", description="A development lich: serve the mod-control contract, and drive it.", parents=[_common(suppress=False)]
+    )
     top.add_argument("--version", action="version", version=__version__)
     sub = top.add_subparsers(dest="verb", required=True)
 
-    s = sub.add_parser("serve", help="run the stub until Ctrl-C")
-    s.add_argument("--port", type=int, default=0, help="port to listen on (default: any free one)")
-    s.add_argument("--token", help="the token mods must send (default: a random one)")
-    s.add_argument("--hold", type=float, default=HOLD_SECONDS, help="how long a poll is held (s)")
+    s = sub.add_parser("serve", parents=[below], help="run the stub until Ctrl-C")
+    s.add_argument("--hold", type=_seconds, default=HOLD_SECONDS, help="how long a poll is held (s)")
     s.add_argument("--verbose", action="store_true", help="log every request (never the token)")
 
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="how long to wait for the ack (s)")
-    common.add_argument("--json", action="store_true", help="print the outcome as one JSON line")
-    common.add_argument("--port", type=int, help="the stub's port (default: from its runtime file)")
-    common.add_argument("--token", help="the stub's token (default: from its runtime file)")
-
-    c = sub.add_parser("control", help="queue one command and wait for its ack")
+    c = sub.add_parser("control", parents=[below], help="queue one command and wait for its ack")
     c.add_argument("session")
     kinds = c.add_subparsers(dest="kind", required=True)
-    p = kinds.add_parser("prompt", parents=[common], help="start a turn")
+    p = kinds.add_parser("prompt", parents=[below], help="start a turn")
     p.add_argument("text", nargs="+")
     p.add_argument("--notify", nargs=2, metavar=("STATUS", "SUMMARY"), help="send it as a task notification")
-    kinds.add_parser("abort", parents=[common], help="stop the running turn")
+    kinds.add_parser("abort", parents=[below], help="stop the running turn")
     for kind, levels in (("model", "NAME"), ("effort", "LEVEL")):
-        k = kinds.add_parser(kind, parents=[common], help=f"set the {kind} override, or drop it when absent")
+        k = kinds.add_parser(kind, parents=[below], help=f"set the {kind} override, or drop it when absent")
         k.add_argument("value", nargs="?", metavar=levels)
-    k = kinds.add_parser("command", parents=[common], help="run a slash command once the session is idle")
+    k = kinds.add_parser("command", parents=[below], help="run a slash command once the session is idle")
     k.add_argument("name")
     k.add_argument("args", nargs="*")
 
-    a = sub.add_parser("ask", parents=[common], help="ask a side question; prints the answer alone")
+    a = sub.add_parser("ask", parents=[below], help="ask a side question; prints the answer alone")
     a.add_argument("session")
     a.add_argument("question", nargs="+")
     a.set_defaults(kind="ask")

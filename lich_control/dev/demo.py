@@ -113,7 +113,8 @@ class Demo:
     def __init__(self, timings: dict, say: Say, on_daemon_exit=lambda: None):
         self.say = say
         self.run_dir = tempfile.mkdtemp(prefix="lich-demo-")  # short: socket paths
-        self.lich = StubLich().start()
+        # A lich newer than the mod: it knows a kind the mod does not, to show that ack.
+        self.lich = StubLich(newer_kinds={"rewind": ("to",)}).start()
         self.runtime_file = os.path.join(self.run_dir, RUNTIME_NAME)
         env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
         env.update(timings)
@@ -247,7 +248,7 @@ def walk(demo: Demo) -> None:
     demo.check("the session got a task notification", bool(lines.wait_for(r"as the user, a task notification", 2, mark)))
     demo.check("the notification's turn ends", bool(lines.wait_for(r"turn t4 answered", 10, mark)))
 
-    say("== model and effort dropped, an invalid effort, an abort with no turn, a dropped prompt, an unknown kind")
+    say("== model and effort dropped, an invalid effort, an abort with no turn, a dropped prompt, a kind newer than the mod")
     settle(send({"kind": "model"}, Expect(True)))
     settle(send({"kind": "effort"}, Expect(True)))
     settle(send({"kind": "effort", "effort": "turbo"}, Expect(False, "unknown effort")))
