@@ -185,8 +185,8 @@ class Runtime:
         self.say("creating a virtual environment in {} with {} ({})".format(env, self.python, version_text()))
         self.create_venv(env)
         python = env_python(env)
-        self.say("installing lich-control {} and what it needs into it (pip; the whole output goes to {})".format(
-            self.plugin.version(), self.path(LOG)))
+        self.say("installing the plugin's package (lich-control {}) and what it needs into it "
+                 "(pip; its whole output goes to {})".format(self.plugin.version(), self.path(LOG)))
         self.install(python)
         if not self.runs_daemon(python):
             raise SetupFailed("the environment in {} was built but cannot import lich_control.daemon".format(env))
