@@ -56,8 +56,10 @@ FAILURE = "setup-failed.json"
 LOCK = "setup.lock"
 LOG = "setup.log"
 # What the package is built from; the rest of the plugin's folder (tests,
-# docs, a developer's .venv) is neither copied nor part of the key.
+# docs, a developer's .venv) is neither copied nor part of the key, and nor
+# are the texts setup.cfg only quotes, so that editing them rebuilds nothing.
 PACKAGE_FILES = ("setup.cfg", "pyproject.toml", "README.md", "LICENSE")
+QUOTED_FILES = ("README.md", "LICENSE")
 PACKAGE_DIR = "lich_control"
 # pip's words for a package index it cannot reach.
 UNREACHABLE = re.compile(
@@ -109,7 +111,7 @@ class Plugin:
         read from a folder) rebuild too, where the version alone would not.
         """
         digest = hashlib.sha256()
-        for name in self.sources():
+        for name in [name for name in self.sources() if name not in QUOTED_FILES]:
             digest.update(name.replace(os.sep, "/").encode() + b"\0")
             with open(os.path.join(self.root, name), "rb") as f:
                 digest.update(f.read())

@@ -91,6 +91,7 @@ def test_the_key_follows_the_package_and_the_version_not_the_rest_of_the_folder(
     first = plugin.key()
     assert first.startswith("0.1.0-")
     write(os.path.join(plugin.root, "docs", "install.md"), "edited\n")
+    write(os.path.join(plugin.root, "README.md"), "edited\n")
     assert plugin.key() == first
     write(os.path.join(plugin.root, "lich_control", "__init__.py"), "VALUE = 2\n")
     edited = plugin.key()
