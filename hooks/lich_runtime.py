@@ -361,11 +361,13 @@ def write_json(path, document):
     os.replace(temporary, path)
 
 
-def failure_line(problem, data):
+def failure_line(problem, data=None):
     """The one line a failure is logged as: what went wrong, and what to do about it."""
-    return ("lich-control cannot set up its Python environment: {}. Set the plugin's python option to an "
-            "interpreter that has lich-control installed, or install it by hand (docs/install.md); to try "
-            "again now: python3 {} --data {} --retry").format(problem, os.path.join(HERE, "lich_runtime.py"), data)
+    line = ("lich-control cannot set up its Python environment: {}. Set the plugin's python option to an "
+            "interpreter that has lich-control installed, or install it by hand (docs/install.md)").format(problem)
+    if data:
+        line += "; to try again now: python3 {} --data {} --retry".format(os.path.join(HERE, "lich_runtime.py"), data)
+    return line
 
 
 # --- for the bin/ tools -------------------------------------------------------
@@ -426,7 +428,8 @@ def main(argv=None):
     parser.add_argument("--retry", action="store_true", help="try now, even after a recent failure")
     args = parser.parse_args(argv)
     if not args.data:
-        return answer({"ok": False, "error": "no data folder: pass --data DIR or set CLAUDE_PLUGIN_DATA"})
+        return answer({"ok": False, "error": failure_line(
+            "it has no data folder to keep it in (--data DIR, or CLAUDE_PLUGIN_DATA as Claude Code sets it)")})
     data = os.path.abspath(args.data)
 
     def say(text):
