@@ -10,6 +10,12 @@ const HEALTHY_MS = 60_000
 // Exit 2: the daemon refused its configuration (bridge.md); a restart cannot mend that.
 const CONFIG_ERROR = 2
 const NO_OVERRIDES = { model: null, effort: null }
+// Builds the daemon's private Python environment and names its interpreter
+// (the script's own docstring has the protocol); run with the system's python3.
+const SETUP = 'hooks/lich_runtime.py'
+// lich's own plugin polls lich for its session itself from this release on.
+const LICH_PLUGIN = 'lich'
+const LICH_PLUGIN_POLLS_SINCE = [0, 15, 0]
 
 // One decision per loaded module, however often session.start fires.
 let claimed = false
@@ -28,14 +34,12 @@ let daemon = deferred()
 let events = Promise.resolve()
 
 /** @type {import('claude-code').Register} */
-export function register(on, options) {
-  const python = String(options.python || 'python3')
-
+export function register(on) {
   on('session.start', async ($, e, next) => {
     const started = await next(e)
     if (!claimed) {
       claimed = true
-      void supervise($, e.isInteractive, python)
+      void supervise($, e.isInteractive)
     }
     return started
   })
@@ -63,8 +67,21 @@ export function register(on, options) {
   })
 }
 
-async function supervise($, isInteractive, python) {
-  if (isInteractive && (await insideLich($))) await keepRunning($, python)
+// Runs off the hook's back: the session goes on, turns included, while an
+// environment is built, and the daemon starts when it is ready.
+async function supervise($, isInteractive) {
+  if (isInteractive && (await insideLich($)) && !(await lichPluginPolls($))) {
+    // The variables a command hook gets (CLAUDE_PID, CLAUDE_PLUGIN_DATA, ...),
+    // which spawn does not set by itself.
+    const env = await $.process.hookEnv().catch(() => undefined)
+    const python = (await namedPython($)) ?? (await setUp($, env))
+    if (python !== null) {
+      // Every command the session runs after inherits it: bin/lich-mod-status
+      // on its PATH finds the daemon's interpreter there.
+      await $.env.set('LICH_CONTROL_PYTHON', python).catch(() => undefined)
+      await keepRunning($, python, env)
+    }
+  }
   daemon.settle(null)
 }
 
@@ -80,10 +97,109 @@ async function insideLich($) {
   return Boolean(port && token && session)
 }
 
-async function keepRunning($, python) {
-  // The variables a command hook gets (CLAUDE_PID, CLAUDE_PLUGIN_DATA, ...),
-  // which spawn does not set by itself.
-  const env = await $.process.hookEnv().catch(() => undefined)
+// lich's own plugin (lich-plugin) carries a client of this same contract from
+// 0.15 on. Two clients would poll lich for one session and split its commands
+// between them, so where the loaded plugins show one, this one stands down.
+// It is found as lich installs it (enabledPlugins, then the install record
+// for its version); one loaded from a folder (--plugin-dir) is not seen.
+async function lichPluginPolls($) {
+  const enabled = await $.settings.read({ key: 'enabledPlugins' }).catch(() => undefined)
+  const ids = Object.keys(enabled ?? {}).filter(id => id.startsWith(`${LICH_PLUGIN}@`) && enabled[id] === true)
+  if (ids.length === 0) return false
+  const versions = await installedVersions($)
+  for (const id of ids) {
+    const version = versions[id]
+    if (version === undefined) {
+      log($, `lich-control: ${id} is enabled too, and its version could not be read; from 0.15.0 on it polls lich for this session itself, and two clients split lich's commands between them (docs/install.md, "Next to lich-plugin")`)
+    } else if (atLeast(version, LICH_PLUGIN_POLLS_SINCE)) {
+      log($, `lich-control: ${id} ${version} polls lich for this session itself; lich-control starts no daemon here, so the two do not split lich's commands (docs/install.md, "Next to lich-plugin")`)
+      return true
+    }
+  }
+  return false
+}
+
+// Each installed plugin's version, from Claude Code's install record; {}
+// when it cannot be read.
+async function installedVersions($) {
+  try {
+    const configDir = (await $.env.get('CLAUDE_CONFIG_DIR')) || `${await $.env.get('HOME')}/.claude`
+    const record = JSON.parse(await $.fs.read(`${configDir}/plugins/installed_plugins.json`))
+    const versions = {}
+    for (const [id, installs] of Object.entries(record?.plugins ?? {})) {
+      const version = Array.isArray(installs) ? installs.find(install => install?.version)?.version : undefined
+      if (typeof version === 'string') versions[id] = version
+    }
+    return versions
+  } catch {
+    return {}
+  }
+}
+
+function atLeast(version, [major, minor, patch]) {
+  const parts = /^(\d+)\.(\d+)\.(\d+)/.exec(version)
+  if (!parts) return false
+  const [a, b, c] = parts.slice(1).map(Number)
+  return a !== major ? a > major : b !== minor ? b > minor : c >= patch
+}
+
+// The `python` option, where Claude Code keeps plugin options: `pluginConfigs`
+// in the user's settings, `--settings` or managed settings (never a project's,
+// which a cloned repository could use to run a program of its choosing).
+// plugin.json does not declare it: Claude Code reports every declared option
+// without a stored value as "not yet set" at install, default or not, and
+// this one needs none. Null when none names an interpreter.
+async function namedPython($) {
+  for (const source of ['policy', 'flag', 'user']) {
+    const settings = await $.settings.read({ source }).catch(() => undefined)
+    for (const [key, config] of Object.entries(settings?.pluginConfigs ?? {})) {
+      if (key !== $.plugin.name && !key.startsWith(`${$.plugin.name}@`)) continue
+      const python = config?.options?.python
+      if (typeof python === 'string' && python.trim()) return python.trim()
+    }
+  }
+  return null
+}
+
+// Runs the setup script once, to its end, with the system's python3: each
+// line it writes on stderr is a step for the log, its last line on stdout
+// the result. The interpreter it names, or null after logging the one line
+// that says why there is none. Never throws.
+async function setUp($, env) {
+  let stdout = ''
+  let pending = ''
+  let end
+  try {
+    const child = $.process.spawn({ argv: ['python3', `${$.plugin.root}/${SETUP}`], cwd: $.plugin.root, ...(env && { env }) })
+    for await (const { stream, text } of child) {
+      if (stream === 'stdout') {
+        stdout += text
+        continue
+      }
+      const lines = (pending + text).split('\n')
+      pending = lines.pop()
+      for (const line of lines) if (line.trim()) log($, `lich-control setup: ${line.trimEnd()}`)
+    }
+    end = await child.result
+  } catch (err) {
+    log($, `lich-control cannot set up its Python environment: python3 did not run (${messageOf(err)}). Install Python 3.9 or later, or set the plugin's python option to an interpreter that has lich-control installed (docs/install.md)`)
+    return null
+  }
+  if (pending.trim()) log($, `lich-control setup: ${pending.trimEnd()}`)
+  let result
+  try {
+    result = JSON.parse(stdout.trim().split('\n').pop())
+  } catch {
+    result = undefined
+  }
+  if (result?.ok === true && typeof result.python === 'string' && result.python) return result.python
+  log($, typeof result?.error === 'string'
+    ? result.error
+    : `lich-control cannot set up its Python environment: ${SETUP} ${describe(end)} without a result (the lines above say why). Set the plugin's python option to an interpreter that has lich-control installed (docs/install.md)`)
+  return null
+}
+
+async function keepRunning($, python, env) {
   const request = {
     argv: [python, '-m', 'lich_control.daemon'],
     cwd: $.plugin.root,

@@ -1,7 +1,7 @@
 // The relay inside the real engine: the test stands beneath it as the host
 // (the daemon's process, its socket, the $ calls) and checks what crosses.
 import { describe, expect, test } from 'claude-code/testing'
-import { LICH, World, answered, step } from './world.ts'
+import { DATA, ENV_PYTHON, LICH, SETUP, World, answered, step } from './world.ts'
 
 const INTERACTIVE = { cwd: '/home/me/project', surface: 'terminal', isInteractive: true } as const
 
@@ -25,20 +25,13 @@ describe('the gate', () => {
     await $.session.start(INTERACTIVE)
     await world.untilSpawned(1)
     const { argv, cwd, env } = world.child.request
-    expect(argv).toEqual(['python3', '-m', 'lich_control.daemon'])
-    // The plugin's folder, where `pip install .` put lich_control, not the session's.
+    expect(argv).toEqual([ENV_PYTHON, '-m', 'lich_control.daemon'])
+    // The plugin's folder, where lich_control is, not the session's.
     expect(cwd).toStartWith('/')
     expect(cwd).not.toBe(INTERACTIVE.cwd)
-    expect(env).toEqual({ CLAUDE_PID: '77', CLAUDE_PLUGIN_DATA: '/data/lich-control' })
+    expect(env).toEqual({ CLAUDE_PID: '77', CLAUDE_PLUGIN_DATA: DATA })
     // The token reaches the daemon through the inherited environment alone.
     expect(JSON.stringify(world.child.request)).not.toContain(LICH.LICH_TOKEN)
-  })
-
-  test('the configured interpreter runs the daemon', { options: { python: '/opt/py/bin/python3.12' } }, async ($, on) => {
-    const world = new World(on)
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
-    expect(world.child.request.argv[0]).toBe('/opt/py/bin/python3.12')
   })
 
   test('a non-interactive run starts nothing and leaves requests alone', async ($, on) => {
@@ -51,6 +44,7 @@ describe('the gate', () => {
     await $.session.start({ cwd: '/home/me/project', surface: null, isInteractive: false })
     await world.clock.settle()
     expect(world.children).toHaveLength(0)
+    expect(world.setups).toHaveLength(0)
     await drain($.turn.step(step(0)))
     expect(seen).toEqual([step(0)])
   })
@@ -265,7 +259,7 @@ describe('overrides', () => {
     }
     expect(texts).toEqual(['hel', 'lo'])
     expect(read.value.answer).toBe('hello')
-    expect(world.children).toHaveLength(1)
+    await world.untilSpawned(1)
   })
 })
 
@@ -413,6 +407,153 @@ describe('restarts', () => {
     expect(world.logs.find(line => line.includes('restart 1'))).toContain('no such file: python3')
     await world.clock.advance(1000)
     await world.until(() => world.spawnTries === 2)
+  })
+})
+
+describe('the Python environment', () => {
+  test('none yet: the setup script builds it once while the session goes on, then the daemon starts from it', async ($, on) => {
+    const world = new World(on)
+    const sent = world.recordSteps(on)
+    world.holdSetup = true
+    await $.session.start(INTERACTIVE)
+    await $.session.start(INTERACTIVE)
+    await world.untilSetUp(1)
+    const { argv, cwd, env } = world.setups[0].request
+    // The system's python3 runs the script from the plugin's folder, with the
+    // data folder Claude Code gives the plugin.
+    expect(argv).toEqual(['python3', `${cwd}/${SETUP}`])
+    expect(cwd).toStartWith('/')
+    expect(env.CLAUDE_PLUGIN_DATA).toBe(DATA)
+
+    // Turns go on while it builds.
+    await drain($.turn.step(step(0)))
+    expect(sent).toEqual([step(0)])
+    await world.clock.settle()
+    expect(world.children).toHaveLength(0)
+
+    world.setups[0].ready(true)
+    await world.untilSpawned(1)
+    expect(world.child.request.argv).toEqual([ENV_PYTHON, '-m', 'lich_control.daemon'])
+    expect(world.logs).toContain(`lich-control setup: creating a virtual environment in ${DATA}/env-0.1.0-0123456789ab`)
+    // The session's own commands (bin/ on its PATH) find the same interpreter.
+    expect(world.envSet.LICH_CONTROL_PYTHON).toBe(ENV_PYTHON)
+    await world.clock.settle()
+    expect(world.setups).toHaveLength(1)
+  })
+
+  test('a build that fails: its one line in the log, no daemon, and no second try', async ($, on) => {
+    const world = new World(on)
+    world.holdSetup = true
+    const failure =
+      "lich-control cannot set up its Python environment: pip could not install lich-control: the package index could not be reached. Set the plugin's python option to an interpreter that has lich-control installed, or install it by hand (docs/install.md)"
+    await $.session.start(INTERACTIVE)
+    await world.untilSetUp(1)
+    world.setups[0].failed(failure)
+    await world.untilLogged('the package index could not be reached')
+    await $.turn.start({ text: 'go', turnId: 't1' })
+    await $.session.start(INTERACTIVE)
+    await world.clock.advance(2 * 3600_000)
+    expect(world.logs.filter(line => line.includes('cannot set up'))).toEqual([failure])
+    expect(world.setups).toHaveLength(1)
+    expect(world.children).toHaveLength(0)
+    expect(world.spawnTries).toBe(0)
+    // Nothing waits for a daemon that will not come.
+    expect(world.posts).toHaveLength(0)
+  })
+
+  test('no python3 to run the setup with: one line that says what to do, no daemon', async ($, on) => {
+    const world = new World(on)
+    world.refuseSetup = 'no such file: python3'
+    await $.session.start(INTERACTIVE)
+    await world.untilLogged('python3 did not run')
+    const [line] = world.logs.filter(line => line.includes('cannot set up'))
+    expect(line).toContain('no such file: python3')
+    expect(line).toContain("set the plugin's python option")
+    await world.clock.advance(3600_000)
+    expect(world.children).toHaveLength(0)
+  })
+
+  test('a setup that ends without a result: its lines logged, then one line saying so', async ($, on) => {
+    const world = new World(on)
+    world.holdSetup = true
+    await $.session.start(INTERACTIVE)
+    await world.untilSetUp(1)
+    world.setups[0].write('  File "hooks/lich_runtime.py", line 1\nSyntaxError: invalid syntax\n', 'stderr')
+    world.setups[0].exit(1)
+    await world.untilLogged('without a result')
+    expect(world.logs).toContain('lich-control setup: SyntaxError: invalid syntax')
+    expect(world.logs.filter(line => line.includes('cannot set up'))).toHaveLength(1)
+    expect(world.children).toHaveLength(0)
+  })
+
+  test('the python option names an interpreter: it runs the daemon, and nothing is built', async ($, on) => {
+    const world = new World(on)
+    world.settings.user = { pluginConfigs: { 'lich-control@lich-control': { options: { python: '/opt/py/bin/python3.12' } } } }
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    expect(world.child.request.argv).toEqual(['/opt/py/bin/python3.12', '-m', 'lich_control.daemon'])
+    expect(world.envSet.LICH_CONTROL_PYTHON).toBe('/opt/py/bin/python3.12')
+    expect(world.setups).toHaveLength(0)
+  })
+
+  test('the python option in managed settings wins over the user\'s', async ($, on) => {
+    const world = new World(on)
+    world.settings.user = { pluginConfigs: { 'lich-control': { options: { python: '/home/me/py' } } } }
+    world.settings.policy = { pluginConfigs: { 'lich-control': { options: { python: '/opt/managed/python' } } } }
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    expect(world.child.request.argv[0]).toBe('/opt/managed/python')
+  })
+
+  test("a python option in a project's settings is not read", async ($, on) => {
+    const world = new World(on)
+    world.settings.project = { pluginConfigs: { 'lich-control': { options: { python: './evil' } } } }
+    world.settings.local = { pluginConfigs: { 'lich-control': { options: { python: './evil' } } } }
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    expect(world.child.request.argv[0]).toBe(ENV_PYTHON)
+    expect(world.setups).toHaveLength(1)
+  })
+})
+
+describe('next to lich-plugin', () => {
+  const installed = (version: string) =>
+    JSON.stringify({ version: 2, plugins: { 'lich@lich-plugin': [{ scope: 'user', installPath: '/x', version }] } })
+
+  test('lich-plugin 0.15 or later, enabled: it polls for the session, so no daemon starts, and the log says why', async ($, on) => {
+    const world = new World(on)
+    world.settings.user = { enabledPlugins: { 'lich@lich-plugin': true, 'lich-control@lich-control': true } }
+    world.installed = installed('0.16.0')
+    await $.session.start(INTERACTIVE)
+    await world.untilLogged('lich@lich-plugin 0.16.0 polls lich for this session itself')
+    await world.clock.settle()
+    expect(world.setups).toHaveLength(0)
+    expect(world.children).toHaveLength(0)
+  })
+
+  test('an older lich-plugin has no client of its own: the daemon starts', async ($, on) => {
+    const world = new World(on)
+    world.settings.user = { enabledPlugins: { 'lich@lich-plugin': true } }
+    world.installed = installed('0.14.2')
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    expect(world.logs.some(line => line.includes('lich@lich-plugin'))).toBe(false)
+  })
+
+  test('lich-plugin disabled: the daemon starts', async ($, on) => {
+    const world = new World(on)
+    world.settings.user = { enabledPlugins: { 'lich@lich-plugin': false } }
+    world.installed = installed('0.16.0')
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+  })
+
+  test('lich-plugin enabled, its version unknown: said plainly, and the daemon starts', async ($, on) => {
+    const world = new World(on)
+    world.settings.user = { enabledPlugins: { 'lich@lich-plugin': true } }
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    expect(world.logs.find(line => line.includes('lich@lich-plugin'))).toContain('its version could not be read')
   })
 })
 

@@ -118,7 +118,7 @@ class FakeSession extends EventEmitter {
     // and no package.json needed to read a .js file as an ES module.
     const source = readFileSync(join(ROOT, 'hooks', 'mod-control.js'), 'utf8')
     const { register } = await import(`data:text/javascript;base64,${Buffer.from(source).toString('base64')}`)
-    register((event, hook) => (this.hooks[event] = hook), { python: process.env.PYTHON || 'python3' })
+    register((event, hook) => (this.hooks[event] = hook), {})
   }
 
   fire(event, e, result) {
@@ -152,7 +152,18 @@ class FakeSession extends EventEmitter {
     const session = this
     return {
       plugin: { name: 'lich-control', root: ROOT },
-      env: { get: async name => session.env[name] },
+      env: {
+        get: async name => session.env[name],
+        set: async (name, value) => ((session.env[name] = value), {}),
+      },
+      // The python option, where a person sets it: their own settings file.
+      settings: {
+        read: async ({ source, key } = {}) => {
+          if (key !== undefined) return undefined
+          if (source !== 'user') return {}
+          return { pluginConfigs: { 'lich-control': { options: { python: process.env.PYTHON || 'python3' } } } }
+        },
+      },
       ui: { log: text => session.logs.push(text) },
       clock: { sleep: ms => new Promise(resolve => setTimeout(resolve, ms).unref()), now: async () => Date.now() },
       process: {

@@ -1,11 +1,16 @@
-// What lies beneath the relay in its tests: the daemon's child process, its
-// Unix socket, the $ calls the daemon asks for and the debug log, each
-// answered from memory and recorded, with waits that resolve on what
-// happened rather than on time.
+// What lies beneath the relay in its tests: the setup script's and the
+// daemon's child processes, the daemon's Unix socket, the $ calls the daemon
+// asks for, the settings and the debug log, each answered from memory and
+// recorded, with waits that resolve on what happened rather than on time.
 import { mock } from 'claude-code/testing'
 import type { On } from 'claude-code'
 
 export const LICH = { LICH_PORT: '4100', LICH_TOKEN: 'secret-token', LICH_SESSION_ID: 'card-1' }
+export const DATA = '/data/lich-control'
+// The interpreter of the private environment the setup script names.
+export const ENV_PYTHON = `${DATA}/env-0.1.0-0123456789ab/bin/python`
+export const SETUP = 'hooks/lich_runtime.py'
+type Source = 'user' | 'project' | 'local' | 'flag' | 'policy'
 
 export type Post = { path: string; socket: string | undefined; body: any }
 type Exit = { code: number | null; signal: string | null }
@@ -32,6 +37,19 @@ export class Child {
 
   hello(socket: string) {
     this.line({ op: 'hello', protocol: 1, pid: 4242, socket, version: '0.1.0' })
+  }
+
+  // The setup script's end: a step on stderr, then the result line.
+  ready(built: boolean, python = ENV_PYTHON) {
+    if (built) this.write(`creating a virtual environment in ${DATA}/env-0.1.0-0123456789ab\n`, 'stderr')
+    this.line({ ok: true, python, built })
+    this.exit(0)
+  }
+
+  failed(error: string) {
+    this.write('installing lich-control 0.1.0 and what it needs into it\n', 'stderr')
+    this.line({ ok: false, error })
+    this.exit(1)
   }
 
   call(id: string, method: string, args: object) {
@@ -64,13 +82,25 @@ type Waiter = { ready: () => boolean; resolve: () => void }
 
 export class World {
   readonly clock
+  // The daemon's runs, and the setup script's apart from them.
   readonly children: Child[] = []
+  readonly setups: Child[] = []
   readonly posts: Post[] = []
   readonly logs: string[] = []
+  // What $.env.set wrote, by name.
+  readonly envSet: Record<string, string | undefined> = {}
+  // The settings files by source; a read with no source gets them merged.
+  settings: Partial<Record<Source, any>> = {}
+  // Claude Code's install record (installed_plugins.json) as text, or none.
+  installed: string | undefined
+  // Unless held, each setup run answers at once that the environment is ready.
+  holdSetup = false
   // The next post to this path is held until `release()`; later ones pass.
   holdPath: string | undefined
-  // Set, every spawn is refused with it, as a host that cannot start the child.
+  // Set, every spawn of the daemon (of the setup script) is refused with it,
+  // as a host that cannot start the child.
   refuseSpawn: string | undefined
+  refuseSetup: string | undefined
   spawnTries = 0
   private held: (() => void)[] = []
   private waiters: Waiter[] = []
@@ -86,9 +116,27 @@ export class World {
       this.changed()
       return { value: undefined }
     })
-    on('process.hookEnv', () => ({ value: { CLAUDE_PID: '77', CLAUDE_PLUGIN_DATA: '/data/lich-control' } }))
+    on('process.hookEnv', () => ({ value: { CLAUDE_PID: '77', CLAUDE_PLUGIN_DATA: DATA } }))
+    on('env.set', ($, e) => {
+      this.envSet[e.name] = e.value
+      this.changed()
+      return { value: {} }
+    })
+    on('settings.read', ($, e) => ({ value: e.source ? (this.settings[e.source] ?? {}) : this.merged() }))
+    on('fs.read', ($, e) => {
+      if (this.installed !== undefined && e.path.endsWith('/plugins/installed_plugins.json')) return { value: this.installed }
+      return { deny: `ENOENT: no such file, ${e.path}` }
+    })
     const world = this
     on('process.spawn', async function* ($, e) {
+      if (String(e.argv[1]).endsWith(SETUP)) {
+        if (world.refuseSetup !== undefined) return { deny: world.refuseSetup }
+        const setup = new Child(e)
+        world.setups.push(setup)
+        world.changed()
+        if (!world.holdSetup) setup.ready(false)
+        return { value: yield* setup.run() }
+      }
       world.spawnTries += 1
       world.changed()
       if (world.refuseSpawn !== undefined) return { deny: world.refuseSpawn }
@@ -142,6 +190,10 @@ export class World {
     return new Promise(resolve => this.waiters.push({ ready, resolve }))
   }
 
+  untilSetUp(count: number) {
+    return this.until(() => this.setups.length >= count)
+  }
+
   untilSpawned(count: number) {
     return this.until(() => this.children.length >= count)
   }
@@ -156,6 +208,16 @@ export class World {
 
   untilLogged(text: string) {
     return this.until(() => this.logs.some(line => line.includes(text)))
+  }
+
+  private merged() {
+    const merged: any = {}
+    for (const source of ['user', 'project', 'local', 'flag', 'policy'] as const) {
+      for (const [key, value] of Object.entries(this.settings[source] ?? {})) {
+        merged[key] = typeof value === 'object' && value !== null ? { ...merged[key], ...value } : value
+      }
+    }
+    return merged
   }
 
   private changed() {

@@ -1,0 +1,455 @@
+#!/usr/bin/env python3
+"""The daemon's own Python: a private virtual environment in the plugin's data folder.
+
+A relay (the Claude Code mod, and any other host's) runs this with the
+system's `python3` before it starts the daemon, unless the person named an
+interpreter:
+
+    python3 hooks/lich_runtime.py [--data DIR] [--retry]
+
+DIR is the plugin's persistent data folder (default: $CLAUDE_PLUGIN_DATA).
+It makes sure DIR holds a virtual environment with this plugin's package
+installed, and builds one when there is none for this release of the
+plugin's files: `python3 -m venv`, then `pip install` of a copy of the
+plugin's folder. It says what it does on stderr, one sentence a line, and
+its result on stdout as one JSON line:
+
+    {"ok": true, "python": "DIR/env-0.1.0-1a2b3c4d5e6f/bin/python", "built": false}
+    {"ok": false, "error": "one line that says what went wrong and what to do"}
+
+and exits 0 when the environment is ready, 1 when it is not. A failure is
+remembered: for an hour the next runs answer it again without trying
+(--retry tries at once). Two runs at once take turns under a lock, so the
+second finds what the first built.
+
+The bin/ tools import it too (`reexec`), to run in the daemon's interpreter.
+Standard library only, and syntax an old python3 still reads, so that one
+too old for the package is told so rather than failing to parse this file.
+"""
+import argparse
+import configparser
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system
+    fcntl = None
+
+# Where the relay puts the chosen interpreter for the session's own commands
+# (bin/ on its PATH), and the guard that stops a tool re-running itself twice.
+PYTHON_VARIABLE = "LICH_CONTROL_PYTHON"
+REEXEC_GUARD = "LICH_CONTROL_REEXECUTED"
+RETRY_AFTER_SECONDS = 3600
+KEPT_ENVIRONMENTS = 2
+STAMP = "lich-control-env.json"
+CURRENT = "current.json"
+FAILURE = "setup-failed.json"
+LOCK = "setup.lock"
+LOG = "setup.log"
+# What the package is built from; the rest of the plugin's folder (tests,
+# docs, a developer's .venv) is neither copied nor part of the key, and nor
+# are the texts setup.cfg only quotes, so that editing them rebuilds nothing.
+PACKAGE_FILES = ("setup.cfg", "pyproject.toml", "README.md", "LICENSE")
+QUOTED_FILES = ("README.md", "LICENSE")
+PACKAGE_DIR = "lich_control"
+# pip's words for a package index it cannot reach.
+UNREACHABLE = re.compile(
+    r"NewConnectionError|Failed to establish a new connection|Temporary failure in name resolution"
+    r"|Name or service not known|Network is unreachable|Connection refused|ProxyError|SSLError"
+    r"|Max retries exceeded|timed out"
+)
+NO_MATCH = re.compile(r"No matching distribution found for (\S+)|Could not find a version that satisfies the requirement (\S+)")
+HERE = os.path.dirname(os.path.realpath(__file__))
+PLUGIN_ROOT = os.path.dirname(HERE)
+
+
+class SetupFailed(Exception):
+    """A problem a person can act on, said in one sentence."""
+
+
+class Plugin:
+    """The plugin's folder as far as its Python package goes: what it is, and what it needs."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def version(self):
+        with open(os.path.join(self.root, ".claude-plugin", "plugin.json"), encoding="utf-8") as f:
+            return str(json.load(f).get("version", "0"))
+
+    def python_requires(self):
+        """The oldest Python the package takes, from setup.cfg's `>=X.Y`; None if it names none."""
+        parser = configparser.ConfigParser()
+        parser.read(os.path.join(self.root, "setup.cfg"), encoding="utf-8")
+        wanted = parser.get("options", "python_requires", fallback="")
+        found = re.search(r">=\s*(\d+)\.(\d+)", wanted)
+        return (int(found.group(1)), int(found.group(2))) if found else None
+
+    def sources(self):
+        """The package's files, relative to the root, sorted: what is copied and hashed."""
+        names = [name for name in PACKAGE_FILES if os.path.isfile(os.path.join(self.root, name))]
+        for folder, dirs, files in os.walk(os.path.join(self.root, PACKAGE_DIR)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in files:
+                if not name.endswith((".pyc", ".pyo")):
+                    names.append(os.path.relpath(os.path.join(folder, name), self.root))
+        return sorted(names)
+
+    def key(self):
+        """The plugin's version and a digest of its package's files: a new key, a new environment.
+
+        The digest makes an edited folder (a developer's checkout, a marketplace
+        read from a folder) rebuild too, where the version alone would not.
+        """
+        digest = hashlib.sha256()
+        for name in [name for name in self.sources() if name not in QUOTED_FILES]:
+            digest.update(name.replace(os.sep, "/").encode() + b"\0")
+            with open(os.path.join(self.root, name), "rb") as f:
+                digest.update(f.read())
+            digest.update(b"\0")
+        return "{}-{}".format(self.version(), digest.hexdigest()[:12])
+
+
+class Runtime:
+    """The private environments in one data folder, and the records beside them."""
+
+    def __init__(self, data, plugin, say, now=time.time, python=sys.executable):
+        self.data = data
+        self.plugin = plugin
+        self.say = say
+        self.now = now
+        self.python = python
+
+    def path(self, *names):
+        return os.path.join(self.data, *names)
+
+    def env_dir(self, key):
+        return self.path("env-" + key)
+
+    def ensure(self, retry=False):
+        """The interpreter of a ready environment for this plugin, and whether this run built it.
+
+        Raises SetupFailed with the line to log when there is none.
+        """
+        key = self.plugin.key()
+        os.makedirs(self.data, exist_ok=True)
+        with self.locked():
+            python = self.ready(key)
+            if python:
+                self.point_at(key, python)
+                return python, False
+            remembered = self.remembered_failure(key)
+            if remembered and not retry:
+                raise SetupFailed(remembered)
+            try:
+                python = self.build(key)
+            except SetupFailed as failure:
+                self.remember_failure(key, str(failure))
+                raise
+            self.forget_failure()
+            self.point_at(key, python)
+            self.prune(keep=self.env_dir(key))
+            return python, True
+
+    def locked(self):
+        return _Lock(self.path(LOCK), self.say)
+
+    def ready(self, key):
+        """The environment's interpreter when it was built whole for `key` and still runs."""
+        env = self.env_dir(key)
+        python = env_python(env)
+        try:
+            with open(os.path.join(env, STAMP), encoding="utf-8") as f:
+                stamp = json.load(f)
+        except (OSError, ValueError):
+            return None
+        if stamp.get("key") != key or not os.path.exists(python):
+            return None
+        if not self.runs_daemon(python):
+            self.say("the environment in {} no longer runs the daemon; building it again".format(env))
+            return None
+        return python
+
+    def build(self, key):
+        self.check_python()
+        env = self.env_dir(key)
+        if os.path.exists(env):  # a build cut short: no stamp
+            shutil.rmtree(env)
+        self.say("creating a virtual environment in {} with {} ({})".format(env, self.python, version_text()))
+        self.create_venv(env)
+        python = env_python(env)
+        self.say("installing the plugin's package (lich-control {}) and what it needs into it "
+                 "(pip; its whole output goes to {})".format(self.plugin.version(), self.path(LOG)))
+        self.install(python)
+        if not self.runs_daemon(python):
+            raise SetupFailed("the environment in {} was built but cannot import lich_control.daemon".format(env))
+        write_json(os.path.join(env, STAMP), {"key": key, "built": self.now(), "base": self.python})
+        self.say("the environment is ready: {}".format(python))
+        return python
+
+    def check_python(self):
+        needed = self.plugin.python_requires()
+        if needed and tuple(sys.version_info[:2]) < needed:
+            raise SetupFailed("{} is Python {}, and lich-control needs {}.{} or later".format(
+                self.python, version_text(), needed[0], needed[1]))
+
+    def create_venv(self, env):
+        result = subprocess.run([self.python, "-m", "venv", env], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, universal_newlines=True, env=child_env())
+        if result.returncode == 0:
+            return
+        output = result.stdout or ""
+        if "No module named venv" in output:
+            raise SetupFailed("{} has no venv module (on Debian and Ubuntu: apt install python3-venv)".format(self.python))
+        if "ensurepip" in output:
+            raise SetupFailed("{} cannot give a virtual environment pip: its ensurepip module is missing "
+                              "(on Debian and Ubuntu: apt install python3-venv)".format(self.python))
+        raise SetupFailed("{} -m venv failed: {}".format(self.python, last_line(output)))
+
+    def install(self, python):
+        with tempfile.TemporaryDirectory(prefix="build-", dir=self.data) as scratch:
+            # A copy, so that building writes nothing into the plugin's folder,
+            # which may be read-only or a person's checkout.
+            source = os.path.join(scratch, "lich-control")
+            for name in self.plugin.sources():
+                target = os.path.join(source, name)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.copyfile(os.path.join(self.plugin.root, name), target)
+            with open(self.path(LOG), "w", encoding="utf-8") as log:
+                result = subprocess.run(
+                    [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+                     "--progress-bar", "off", source],
+                    stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=scratch)
+        if result.returncode != 0:
+            raise SetupFailed("pip could not install lich-control into {}: {} (pip's output: {})".format(
+                os.path.dirname(os.path.dirname(python)), pip_problem(self.path(LOG)), self.path(LOG)))
+
+    def runs_daemon(self, python):
+        return imports_daemon(python)
+
+    def point_at(self, key, python):
+        """Records the ready interpreter where the bin/ tools and other relays look."""
+        write_json(self.path(CURRENT), {"python": python, "key": key, "root": self.plugin.root})
+
+    def prune(self, keep):
+        """Keeps the new environment and the one before it, which a daemon of an
+        older session may still be running from."""
+        others = [env for env in glob.glob(self.path("env-*")) if env != keep and os.path.isdir(env)]
+        others.sort(key=built_at, reverse=True)
+        for env in others[KEPT_ENVIRONMENTS - 1:]:
+            self.say("removing an older environment, {}".format(env))
+            shutil.rmtree(env, ignore_errors=True)
+
+    def remembered_failure(self, key):
+        try:
+            with open(self.path(FAILURE), encoding="utf-8") as f:
+                failure = json.load(f)
+        except (OSError, ValueError):
+            return None
+        if failure.get("key") != key:  # a new release deserves a new try
+            return None
+        again = failure.get("at", 0) + RETRY_AFTER_SECONDS
+        if self.now() >= again:
+            return None
+        return "{} (at {}; tried again after {})".format(failure.get("error"), clock(failure.get("at", 0)), clock(again))
+
+    def remember_failure(self, key, error):
+        write_json(self.path(FAILURE), {"key": key, "at": self.now(), "error": error})
+
+    def forget_failure(self):
+        try:
+            os.remove(self.path(FAILURE))
+        except FileNotFoundError:
+            pass
+
+
+class _Lock:
+    """An exclusive lock on a file, held by one run at a time; released with the process too."""
+
+    def __init__(self, path, say):
+        self.path = path
+        self.say = say
+
+    def __enter__(self):
+        if fcntl is None:
+            raise SetupFailed("this setup needs a POSIX system (Linux or macOS)")
+        self.file = open(self.path, "a")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.say("another session is setting the environment up; waiting for it")
+            fcntl.flock(self.file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+def built_at(env):
+    """When the environment was finished; 0 for one never finished."""
+    try:
+        return os.path.getmtime(os.path.join(env, STAMP))
+    except OSError:
+        return 0
+
+
+def env_python(env):
+    return os.path.join(env, "bin", "python")
+
+
+def imports_daemon(python):
+    """Whether `python`, isolated from the caller's folder and variables, has the daemon."""
+    try:
+        result = subprocess.run([python, "-I", "-c", "import lich_control.daemon"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=child_env(), timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0
+
+
+def child_env():
+    """Our environment for pip and venv, less lich's (the token has no business
+    there), and with pip's --user turned off: a virtual environment refuses it."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("LICH_")}
+    env["PIP_USER"] = "0"
+    return env
+
+
+def pip_problem(log_path):
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            output = f.read()
+    except OSError:
+        return "it wrote nothing"
+    missing = NO_MATCH.search(output)
+    if UNREACHABLE.search(output):
+        return "the package index could not be reached"
+    if missing:
+        return "it could not get {} from the package index (unreachable, or none there for this Python)".format(
+            (missing.group(1) or missing.group(2)).rstrip(")"))
+    return last_line(output)
+
+
+def last_line(output):
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def version_text():
+    return "{}.{}.{}".format(*sys.version_info[:3])
+
+
+def clock(seconds):
+    return time.strftime("%H:%M", time.localtime(seconds))
+
+
+def write_json(path, document):
+    """Whole or not at all: a reader never sees half a file."""
+    temporary = "{}.{}.tmp".format(path, os.getpid())
+    with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(document, f)
+    os.replace(temporary, path)
+
+
+def failure_line(problem, data=None):
+    """The one line a failure is logged as: what went wrong, and what to do about it."""
+    line = ("lich-control cannot set up its Python environment: {}. Set the plugin's python option to an "
+            "interpreter that has lich-control installed, or install it by hand (docs/install.md)").format(problem)
+    if data:
+        line += "; to try again now: python3 {} --data {} --retry".format(os.path.join(HERE, "lich_runtime.py"), data)
+    return line
+
+
+# --- for the bin/ tools -------------------------------------------------------
+
+
+def chosen_python(environ=os.environ):
+    """The interpreter the daemon runs with, as far as a tool can tell: the one
+    the relay named for the session, else the newest private environment."""
+    named = environ.get(PYTHON_VARIABLE)
+    if named and os.path.exists(named):
+        return named
+    if sys.prefix != getattr(sys, "base_prefix", sys.prefix):
+        return None  # run from a virtual environment: that one was chosen
+    return private_python(environ)
+
+
+def private_python(environ=os.environ):
+    """The ready interpreter recorded in a data folder of this plugin, this
+    folder's own first, then the newest."""
+    if environ.get("CLAUDE_PLUGIN_DATA"):
+        folders = [environ["CLAUDE_PLUGIN_DATA"]]
+    else:
+        config = environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".claude")
+        folders = glob.glob(os.path.join(config, "plugins", "data", "lich-control-*"))
+    found = []
+    for folder in folders:
+        try:
+            with open(os.path.join(folder, CURRENT), encoding="utf-8") as f:
+                current = json.load(f)
+            mtime = os.path.getmtime(os.path.join(folder, CURRENT))
+        except (OSError, ValueError):
+            continue
+        python = current.get("python")
+        if python and os.path.exists(python):
+            found.append((current.get("root") == PLUGIN_ROOT, mtime, python))
+    return max(found)[2] if found else None
+
+
+def reexec(script, argv=None):
+    """Runs `script` again under the daemon's interpreter, when that is not this one."""
+    python = None if os.environ.get(REEXEC_GUARD) else chosen_python()
+    # Not compared through symbolic links: an environment's python is one, to
+    # the very interpreter that made it, and running it is what makes it that environment.
+    if not python or os.path.abspath(python) == os.path.abspath(sys.executable):
+        return
+    os.environ[REEXEC_GUARD] = "1"
+    args = sys.argv[1:] if argv is None else argv
+    os.execv(python, [python, script] + list(args))
+
+
+# --- as a program -------------------------------------------------------------
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="lich_runtime.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=os.environ.get("CLAUDE_PLUGIN_DATA"),
+                        help="the plugin's data folder (default: $CLAUDE_PLUGIN_DATA)")
+    parser.add_argument("--retry", action="store_true", help="try now, even after a recent failure")
+    args = parser.parse_args(argv)
+    if not args.data:
+        return answer({"ok": False, "error": failure_line(
+            "it has no data folder to keep it in (--data DIR, or CLAUDE_PLUGIN_DATA as Claude Code sets it)")})
+    data = os.path.abspath(args.data)
+
+    def say(text):
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    runtime = Runtime(data, Plugin(PLUGIN_ROOT), say)
+    try:
+        python, built = runtime.ensure(retry=args.retry)
+    except SetupFailed as failure:
+        return answer({"ok": False, "error": failure_line(failure, data)})
+    except OSError as error:  # the data folder itself: unwritable, full
+        return answer({"ok": False, "error": failure_line("{} ({})".format(error.strerror, error.filename), data)})
+    return answer({"ok": True, "python": python, "built": built})
+
+
+def answer(result):
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+import pytest
+
+from harness import Unavailable, claude_binary
+
+
+@pytest.fixture(scope="session")
+def claude():
+    """The pinned Claude Code's binary. Without it the live test fails: a
+    check that cannot run is a failed check, never a skip."""
+    try:
+        return claude_binary()
+    except Unavailable as exc:
+        pytest.fail(str(exc), pytrace=False)

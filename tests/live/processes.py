@@ -1,0 +1,152 @@
+"""The processes of a live test: looking at another process's state until
+it holds, watching every process the test started (and what they started)
+with its argv, and ending whatever is left.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import threading
+import time
+from typing import Callable, Dict, List
+
+import attrs
+
+POLL_INTERVAL = 0.1  # between two looks at state another process owns
+
+
+def wait_until(check: Callable[[], object], timeout: float, what: str, interval: float = POLL_INTERVAL):
+    """Look at another process's state until `check()` is truthy; its value.
+
+    Only for state no event reaches us from (a file, a status document):
+    each look is a real observation, and the deadline fails the test."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while True:
+        last = check()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout:g} s")
+        pause.wait(interval)
+
+
+@attrs.frozen
+class Seen:
+    """One process as the watch saw it."""
+
+    pid: int
+    start: int  # its start time in clock ticks: with the pid, who it is
+    argv: tuple
+
+
+class ProcessWatch:
+    """Every process the test started, and everything they started: by
+    session id, so a daemon whose parent died is still ours. Records each
+    one's argv while it runs, and ends whatever is left at the end.
+
+    Threads: owns one (`process-watch`) that looks at /proc every
+    POLL_INTERVAL; `seen` and `sessions` sit behind its lock.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sessions: set = set()
+        self._seen: Dict[tuple, Seen] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="process-watch", daemon=True)
+
+    def __enter__(self) -> "ProcessWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def track(self, pid: int) -> None:
+        """Watch the session `pid` leads (a process started with a session of its own)."""
+        with self._lock:
+            self._sessions.add(pid)
+        self.look()
+
+    @property
+    def seen(self) -> List[Seen]:
+        with self._lock:
+            return list(self._seen.values())
+
+    def alive(self) -> List[Seen]:
+        """The watched processes running now (a zombie has ended)."""
+        return [Seen(pid, start, argv) for pid, state, start, argv in self._ours(_processes()) if state != "Z"]
+
+    def look(self) -> None:
+        for pid, state, start, argv in self._ours(_processes()):
+            with self._lock:
+                self._seen.setdefault((pid, start, argv), Seen(pid, start, argv))
+
+    def close(self) -> None:
+        """Stop watching, and SIGKILL whatever of ours still runs."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for _ in range(3):
+            left = self.alive()
+            if not left:
+                return
+            for proc in left:
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            wait_until(lambda: not self.alive(), timeout=5, what="the processes of the live test to end")
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_INTERVAL):
+            self.look()
+
+    def _ours(self, table):
+        """The rows of our sessions, and of anything our processes started
+        in a session of its own (whose session then becomes ours too)."""
+        with self._lock:
+            sessions = self._sessions
+            ours = {row[0] for row in table if row[3] in sessions}
+            grew = True
+            while grew:
+                grew = False
+                for pid, _, ppid, sid, _, _ in table:
+                    if ppid in ours and pid not in ours:
+                        ours.add(pid)
+                        sessions.add(sid)
+                        grew = True
+        return [(pid, state, start, argv) for pid, state, _, _, start, argv in table if pid in ours]
+
+
+def _processes():
+    """(pid, state, parent pid, session id, start time, argv) of every process on the machine."""
+    table = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = tuple(a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a)
+        except OSError:
+            continue  # gone meanwhile
+        # The command name may hold spaces and parentheses: fields start after the last ')'.
+        fields = stat[stat.rindex(")") + 2:].split()
+        table.append((int(name), fields[0], int(fields[1]), int(fields[3]), int(fields[19]), argv))
+    return table
+
+
+def pid_ended(pid: int, timeout: float) -> bool:
+    """Wait up to `timeout` s for a process (not necessarily our child) to end."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return bool(ready)
+    finally:
+        os.close(fd)

@@ -1,0 +1,319 @@
+"""hooks/lich_runtime.py: the private environment the relay runs the daemon from.
+
+Its decisions (build, reuse, rebuild, remember a failure, take turns) run
+against a plugin folder made here and a builder that writes a stand-in
+environment; its program is run as the relay runs it, with a Python that
+has no lich_control and a plugin folder that asks for more than it has.
+"""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "hooks", "lich_runtime.py")
+
+spec = importlib.util.spec_from_file_location("lich_runtime", SCRIPT)
+runtime = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runtime)
+
+HOUR = 3600
+
+
+def make_plugin(folder, version="0.1.0", requires=">=3.9", code="VALUE = 1\n"):
+    """A plugin folder as far as the setup reads one."""
+    os.makedirs(os.path.join(folder, ".claude-plugin"), exist_ok=True)
+    os.makedirs(os.path.join(folder, "lich_control"), exist_ok=True)
+    os.makedirs(os.path.join(folder, "docs"), exist_ok=True)
+    write(os.path.join(folder, ".claude-plugin", "plugin.json"), json.dumps({"name": "lich-control", "version": version}))
+    write(os.path.join(folder, "setup.cfg"), "[options]\npython_requires = {}\n".format(requires))
+    write(os.path.join(folder, "pyproject.toml"), "[build-system]\n")
+    write(os.path.join(folder, "lich_control", "__init__.py"), code)
+    write(os.path.join(folder, "docs", "install.md"), "how\n")
+    return runtime.Plugin(folder)
+
+
+def write(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1_800_000_000.0
+
+    def __call__(self):
+        return self.now
+
+
+class StandIn(runtime.Runtime):
+    """Builds a stand-in environment (a file where the interpreter goes) and
+    counts its builds; `fail_with` makes the next builds fail."""
+
+    def __init__(self, data, plugin, clock=None):
+        self.said = []
+        self.builds = 0
+        self.fail_with = None
+        self.broken = set()  # interpreters that no longer run the daemon
+        super().__init__(data, plugin, self.said.append, now=clock or Clock())
+
+    def create_venv(self, env):
+        self.builds += 1
+        if self.fail_with:
+            raise runtime.SetupFailed(self.fail_with)
+        os.makedirs(os.path.join(env, "bin"))
+        write(runtime.env_python(env), "")
+
+    def install(self, python):
+        pass
+
+    def runs_daemon(self, python):
+        return python not in self.broken
+
+
+@pytest.fixture
+def plugin(tmp_path):
+    return make_plugin(str(tmp_path / "plugin"))
+
+
+@pytest.fixture
+def data(tmp_path):
+    return str(tmp_path / "data")
+
+
+def test_the_key_follows_the_package_and_the_version_not_the_rest_of_the_folder(tmp_path):
+    plugin = make_plugin(str(tmp_path / "p"))
+    first = plugin.key()
+    assert first.startswith("0.1.0-")
+    write(os.path.join(plugin.root, "docs", "install.md"), "edited\n")
+    write(os.path.join(plugin.root, "README.md"), "edited\n")
+    assert plugin.key() == first
+    write(os.path.join(plugin.root, "lich_control", "__init__.py"), "VALUE = 2\n")
+    edited = plugin.key()
+    assert edited != first
+    make_plugin(plugin.root, version="0.2.0", code="VALUE = 2\n")
+    assert plugin.key().startswith("0.2.0-")
+
+
+def test_the_first_run_builds_and_the_next_reuses_without_building(plugin, data):
+    setup = StandIn(data, plugin)
+    python, built = setup.ensure()
+    assert built is True
+    assert python == runtime.env_python(os.path.join(data, "env-" + plugin.key()))
+    again, built = setup.ensure()
+    assert (again, built) == (python, False)
+    assert setup.builds == 1
+    with open(os.path.join(data, runtime.CURRENT)) as f:
+        assert json.load(f) == {"python": python, "key": plugin.key(), "root": plugin.root}
+
+
+def test_a_new_release_builds_a_new_environment_and_keeps_one_before_it(tmp_path, data):
+    root = str(tmp_path / "plugin")
+    envs = []
+    for number, version in enumerate(["0.1.0", "0.2.0", "0.3.0"]):
+        setup = StandIn(data, make_plugin(root, version=version))
+        setup.now.now += number * HOUR  # stamps in build order
+        python, built = setup.ensure()
+        assert built is True
+        envs.append(os.path.dirname(os.path.dirname(python)))
+        os.utime(os.path.join(envs[-1], runtime.STAMP), (setup.now(), setup.now()))
+    assert sorted(os.listdir(data)) == sorted(
+        [os.path.basename(envs[1]), os.path.basename(envs[2]), runtime.CURRENT, runtime.LOCK])
+
+
+def test_an_environment_cut_short_is_built_again(plugin, data):
+    env = os.path.join(data, "env-" + plugin.key())
+    os.makedirs(os.path.join(env, "bin"))
+    write(os.path.join(env, "half-installed"), "")
+    setup = StandIn(data, plugin)
+    python, built = setup.ensure()
+    assert built is True
+    assert not os.path.exists(os.path.join(env, "half-installed"))
+    assert os.path.exists(os.path.join(env, runtime.STAMP))
+
+
+def test_an_environment_that_no_longer_runs_the_daemon_is_built_again(plugin, data):
+    setup = StandIn(data, plugin)
+    python, _ = setup.ensure()
+    setup.broken.add(python)
+    with pytest.raises(runtime.SetupFailed, match="cannot import lich_control.daemon"):
+        setup.ensure()  # rebuilt, and still broken: said so
+    assert setup.builds == 2
+    assert any("no longer runs the daemon; building it again" in line for line in setup.said)
+
+
+def test_a_failure_is_remembered_for_an_hour_then_tried_again(plugin, data):
+    clock = Clock()
+    setup = StandIn(data, plugin, clock)
+    setup.fail_with = "pip could not install lich-control: the package index could not be reached"
+    with pytest.raises(runtime.SetupFailed) as first:
+        setup.ensure()
+    assert str(first.value) == setup.fail_with
+    clock.now += HOUR - 1
+    with pytest.raises(runtime.SetupFailed) as remembered:
+        setup.ensure()
+    assert str(remembered.value).startswith(setup.fail_with + " (at ")
+    assert "tried again after" in str(remembered.value)
+    assert setup.builds == 1
+    clock.now += 1
+    setup.fail_with = None
+    python, built = setup.ensure()
+    assert built is True and setup.builds == 2
+    assert not os.path.exists(os.path.join(data, runtime.FAILURE))
+
+
+def test_retry_and_a_new_release_try_again_at_once(tmp_path, data):
+    root = str(tmp_path / "plugin")
+    setup = StandIn(data, make_plugin(root))
+    setup.fail_with = "no network"
+    with pytest.raises(runtime.SetupFailed):
+        setup.ensure()
+    with pytest.raises(runtime.SetupFailed, match="^no network$"):
+        setup.ensure(retry=True)
+    assert setup.builds == 2
+    setup.plugin = make_plugin(root, version="0.2.0")
+    setup.fail_with = None
+    assert setup.ensure()[1] is True
+    assert setup.builds == 3
+
+
+def test_two_runs_at_once_take_turns_and_the_second_uses_what_the_first_built(plugin, data):
+    building = threading.Event()
+    release = threading.Event()
+    second_waits = threading.Event()
+
+    class Slow(StandIn):
+        def install(self, python):
+            building.set()
+            assert release.wait(30)
+
+    first = Slow(data, plugin)
+    second = StandIn(data, plugin)
+    second.say = lambda text: (second.said.append(text), second_waits.set())
+    results = {}
+    threads = [
+        threading.Thread(target=lambda: results.__setitem__("first", first.ensure())),
+        threading.Thread(target=lambda: results.__setitem__("second", second.ensure())),
+    ]
+    threads[0].start()
+    assert building.wait(30)
+    threads[1].start()
+    assert second_waits.wait(30)
+    assert second.said == ["another session is setting the environment up; waiting for it"]
+    release.set()
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive()
+    assert results["first"][1] is True
+    assert results["second"] == (results["first"][0], False)
+    assert (first.builds, second.builds) == (1, 0)
+
+
+def test_a_python_older_than_the_package_needs_is_named_with_its_version(tmp_path, data):
+    plugin = make_plugin(str(tmp_path / "plugin"), requires=">=99.0")
+    setup = runtime.Runtime(data, plugin, lambda text: None)
+    with pytest.raises(runtime.SetupFailed) as failure:
+        setup.ensure()
+    assert str(failure.value) == "{} is Python {}, and lich-control needs 99.0 or later".format(
+        sys.executable, runtime.version_text())
+    assert not any(name.startswith("env-") for name in os.listdir(data))
+
+
+@pytest.mark.parametrize("output, problem", [
+    ("WARNING: Retrying (Retry(total=0)) after connection broken by 'NewConnectionError(...)'\n"
+     "ERROR: No matching distribution found for attrs>=22.2\n",
+     "the package index could not be reached"),
+    ("ERROR: Could not find a version that satisfies the requirement setuptools>=61 (from versions: none)\n",
+     "it could not get setuptools>=61 from the package index (unreachable, or none there for this Python)"),
+    ("Processing ./lich-control\nerror: [Errno 28] No space left on device\n",
+     "error: [Errno 28] No space left on device"),
+])
+def test_pips_output_is_told_in_a_phrase(tmp_path, output, problem):
+    log = tmp_path / "setup.log"
+    log.write_text(output)
+    assert runtime.pip_problem(str(log)) == problem
+
+
+# --- the program, as a relay runs it -------------------------------------------
+
+
+def copy_of_the_script(plugin):
+    os.makedirs(os.path.join(plugin.root, "hooks"), exist_ok=True)
+    script = os.path.join(plugin.root, "hooks", "lich_runtime.py")
+    shutil.copyfile(SCRIPT, script)
+    return script
+
+
+def run_script(script, *args, env=None):
+    result = subprocess.run([sys.executable, script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            universal_newlines=True, env=env, timeout=120)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1, result.stdout + result.stderr
+    return result.returncode, json.loads(lines[0]), result.stderr
+
+
+def test_the_program_answers_a_failure_in_one_json_line_that_says_what_to_do(tmp_path, data):
+    script = copy_of_the_script(make_plugin(str(tmp_path / "plugin"), requires=">=99.0"))
+    code, result, stderr = run_script(script, "--data", data)
+    assert code == 1
+    assert set(result) == {"ok", "error"} and result["ok"] is False
+    error = result["error"]
+    assert "\n" not in error
+    assert "lich-control needs 99.0 or later" in error
+    assert "Set the plugin's python option" in error and "docs/install.md" in error
+    assert "{} --data {} --retry".format(script, data) in error
+    assert "Traceback" not in stderr
+
+    code, again, _ = run_script(script, "--data", data)
+    assert code == 1 and "tried again after" in again["error"]
+
+
+def test_the_program_takes_its_data_folder_from_claude_code(tmp_path, data):
+    script = copy_of_the_script(make_plugin(str(tmp_path / "plugin"), requires=">=99.0"))
+    env = {name: value for name, value in os.environ.items() if name != "CLAUDE_PLUGIN_DATA"}
+    _, result, _ = run_script(script, env=env)
+    assert result["ok"] is False
+    assert "it has no data folder to keep it in (--data DIR, or CLAUDE_PLUGIN_DATA" in result["error"]
+    assert "--retry" not in result["error"]
+    _, result, _ = run_script(script, env=dict(env, CLAUDE_PLUGIN_DATA=data))
+    assert "needs 99.0 or later" in result["error"]
+    assert os.path.exists(os.path.join(data, runtime.FAILURE))
+
+
+# --- the bin/ tools ---------------------------------------------------------------
+
+
+def test_a_tool_runs_in_the_interpreter_the_relay_named(tmp_path):
+    named = tmp_path / "python"
+    named.write_text('#!/bin/sh\nexec "{}" "$@"\n'.format(sys.executable))
+    named.chmod(0o755)
+    env = dict(os.environ, LICH_CONTROL_PYTHON=str(named), LICH_CONTROL_RUN_DIR=str(tmp_path))
+    env.pop(runtime.REEXEC_GUARD, None)
+    # Started by a Python that cannot import attrs (-S), and so not lich_control either.
+    result = subprocess.run([sys.executable, "-S", os.path.join(ROOT, "bin", "lich-mod-status"), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, env=env,
+                            timeout=60)
+    assert json.loads(result.stdout) == {"run_dir": str(tmp_path), "daemons": []}, result.stderr
+
+
+def test_a_tool_finds_the_private_environment_in_claude_codes_data_folders(tmp_path, monkeypatch):
+    config = tmp_path / "claude"
+    mine = config / "plugins" / "data" / "lich-control-lich-control"
+    other = config / "plugins" / "data" / "lich-control-inline"
+    for folder, python, root in [(mine, tmp_path / "a" / "python", runtime.PLUGIN_ROOT),
+                                 (other, tmp_path / "b" / "python", "/elsewhere")]:
+        folder.mkdir(parents=True)
+        python.parent.mkdir()
+        python.write_text("")
+        (folder / runtime.CURRENT).write_text(json.dumps({"python": str(python), "root": root}))
+    os.utime(str(other / runtime.CURRENT), (2_000_000_000, 2_000_000_000))  # newer, but another folder's
+    environ = {"CLAUDE_CONFIG_DIR": str(config)}
+    assert runtime.private_python(environ) == str(tmp_path / "a" / "python")
+    (tmp_path / "a" / "python").unlink()
+    assert runtime.private_python(environ) == str(tmp_path / "b" / "python")
+    assert runtime.private_python({"CLAUDE_CONFIG_DIR": str(tmp_path / "none")}) is None
