@@ -6,12 +6,16 @@
 
 import { spawn } from 'node:child_process'
 import { request } from 'node:http'
-import { dirname, resolve } from 'node:path'
+import { homedir } from 'node:os'
+import { dirname, join, resolve } from 'node:path'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
 import { isMainThread } from 'node:worker_threads'
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..')
+// Builds the daemon's private Python environment and names its interpreter,
+// as for the Claude Code relay (its docstring has the protocol); run with the system's python3.
+const SETUP = join(ROOT, 'hooks', 'lich_runtime.py')
 const VARIABLES = ['LICH_PORT', 'LICH_TOKEN', 'LICH_SESSION_ID']
 // The interactive TUI runs opencode's server, plugins included, in this
 // worker; `opencode run`, `serve`, `web` and `acp` run it on the main thread.
@@ -36,15 +40,12 @@ export default { id: 'lich-control', server: plugin }
 
 async function plugin({ client }, options = {}) {
   if (running !== null || !insideLich({ env: process.env, argv: process.argv, isMainThread })) return {}
-  const python = String(options?.python || 'python3')
+  const named = typeof options?.python === 'string' && options.python.trim() ? options.python.trim() : null
   const relay = (running = new Relay({
     client,
-    spawnDaemon: () => spawn(python, ['-m', 'lich_control.daemon', '--host', 'opencode'], {
-      cwd: ROOT,
-      env: process.env,
-      // stdin stays open and unused: the daemon stops when it closes.
-      stdio: ['pipe', 'pipe', 'pipe'],
-    }),
+    python: named,
+    // opencode keeps no folder per plugin: this one is beside its own data.
+    data: join(process.env.XDG_DATA_HOME || join(homedir(), '.local', 'share'), 'opencode', 'lich-control'),
     onStop: () => {
       if (running === relay) running = null
     },
@@ -60,8 +61,9 @@ export function insideLich({ env, argv, isMainThread }) {
 }
 
 export class Relay {
-  constructor({ client, spawnDaemon, onStop = () => {}, post = postOverSocket, sleep = delay, now = Date.now, abortSettleMs = ABORT_SETTLE_MS }) {
-    Object.assign(this, { client, spawnDaemon, onStop, post, sleep, now, abortSettleMs })
+  constructor({ client, python = null, data, onStop = () => {}, spawn: run = spawn, post = postOverSocket, sleep = delay, now = Date.now, abortSettleMs = ABORT_SETTLE_MS }) {
+    // `python` is the interpreter the person named; null: the private environment in `data`.
+    Object.assign(this, { client, python, data, onStop, run, post, sleep, now, abortSettleMs })
     // Settles with the running daemon's socket at its hello, or with null
     // once no daemon will run (again): posts then drain instead of waiting.
     this.daemon = deferred()
@@ -101,6 +103,10 @@ export class Relay {
         const effort = this.overrides.effort
         if (effort !== null && !OWN_AGENTS.has(input.agent) && levels?.[effort]) Object.assign(output.options, levels[effort])
       },
+      // Commands run inside the session find the daemon's interpreter (bin/ tools re-run under it).
+      'shell.env': async (input, output) => {
+        if (this.python !== null) output.env.LICH_CONTROL_PYTHON = this.python
+      },
       dispose: async () => this.stop(),
     }
   }
@@ -108,8 +114,10 @@ export class Relay {
   // -- the daemon ---------------------------------------------------------
 
   async #supervise() {
+    // Off the hooks' back: the session goes on while an environment is built.
+    this.python ??= await this.#setUp()
     let restarts = 0
-    while (!this.stopped) {
+    while (!this.stopped && this.python !== null) {
       const began = this.now()
       const end = await this.#run()
       // Its socket and its overrides went with it: the next one starts afresh.
@@ -117,20 +125,54 @@ export class Relay {
       this.overrides = NO_OVERRIDES
       if (this.stopped || end.code === 0) break
       if (end.code === CONFIG_ERROR) {
-        this.log('error', `lich_control daemon ${describe(end)}: its configuration is wrong; not restarting it`)
+        this.log('error', `the daemon ${describe(end)}: its configuration is wrong; not restarting it`)
         break
       }
       if (this.now() - began >= HEALTHY_MS) restarts = 0
       if (restarts === RESTARTS) {
-        this.log('error', `lich_control daemon ${describe(end)}; not restarting it again`)
+        this.log('error', `the daemon ${describe(end)}; not restarting it again`)
         break
       }
       const wait = FIRST_DELAY_MS * 2 ** restarts
       restarts += 1
-      this.log('warn', `lich_control daemon ${describe(end)}; restart ${restarts} of ${RESTARTS} in ${wait} ms`)
+      this.log('warn', `the daemon ${describe(end)}; restart ${restarts} of ${RESTARTS} in ${wait} ms`)
       await this.sleep(wait)
     }
     this.daemon.settle(null)
+  }
+
+  // Runs hooks/lich_runtime.py to its end: the interpreter it names, or null
+  // once the one line that says why there is none is logged. Never throws.
+  async #setUp() {
+    let stdout = ''
+    const end = await new Promise(done => {
+      let child
+      try {
+        child = this.run('python3', [SETUP, '--data', this.data], { cwd: ROOT, env: process.env, stdio: ['ignore', 'pipe', 'pipe'] })
+      } catch (err) {
+        done({ error: messageOf(err) })
+        return
+      }
+      child.on('error', err => done({ error: messageOf(err) }))
+      child.on('close', (code, signal) => done({ code, signal }))
+      child.stdout.setEncoding('utf8').on('data', text => (stdout += text))
+      createInterface({ input: child.stderr }).on('line', line => line.trim() && this.log('info', `setup: ${line}`))
+    })
+    if (end.error !== undefined) {
+      this.log('error', `cannot set up its Python environment: python3 did not run (${end.error}). Install Python 3.9 or later, or name an interpreter that has lich-control installed in the plugin's python option (docs/opencode.md)`)
+      return null
+    }
+    let result
+    try {
+      result = JSON.parse(stdout.trim().split('\n').pop())
+    } catch {
+      result = undefined
+    }
+    if (result?.ok === true && typeof result.python === 'string' && result.python) return result.python
+    this.log('error', typeof result?.error === 'string'
+      ? result.error
+      : `cannot set up its Python environment: hooks/lich_runtime.py ${describe(end)} without a result (the lines above say why)`)
+    return null
   }
 
   // Runs the daemon once, to its end; never throws.
@@ -138,7 +180,12 @@ export class Relay {
     return new Promise(done => {
       let child
       try {
-        child = this.child = this.spawnDaemon()
+        child = this.child = this.run(this.python, ['-m', 'lich_control.daemon', '--host', 'opencode'], {
+          cwd: ROOT,
+          env: process.env,
+          // stdin stays open and unused: the daemon stops when it closes.
+          stdio: ['pipe', 'pipe', 'pipe'],
+        })
       } catch (err) {
         done({ error: messageOf(err) })
         return
@@ -155,18 +202,18 @@ export class Relay {
     try {
       message = JSON.parse(line)
     } catch {
-      this.log('warn', `lich_control daemon wrote a line that is not JSON (${line.length} chars)`)
+      this.log('warn', `the daemon wrote a line that is not JSON (${line.length} chars)`)
       return
     }
     if (message?.op === 'hello' && typeof message.socket === 'string' && message.socket) {
-      this.log('info', `lich_control daemon ${message.pid} (${message.version}, protocol ${message.protocol}) listens on ${message.socket}`)
+      this.log('info', `the daemon ${message.pid} (${message.version}, protocol ${message.protocol}) listens on ${message.socket}`)
       this.daemon.settle(message.socket)
       // A daemon started mid-turn (a restart) would not know the turn to abort.
       if (this.turn !== null && this.turn.sentTo !== this.daemon) this.#forward('turn.start', this.turn)
     } else if (message?.op === 'call') {
       void this.#perform(message, this.daemon)
     } else {
-      this.log('warn', `lich_control daemon sent an unknown op ${JSON.stringify(message?.op)}`)
+      this.log('warn', `the daemon sent an unknown op ${JSON.stringify(message?.op)}`)
     }
   }
 
@@ -180,7 +227,7 @@ export class Relay {
     }
     // Call ids start again with each daemon: never settle the next one's.
     if (this.daemon !== life) {
-      this.log('warn', `lich_control: the daemon that asked for ${id} (${method}) has ended; its result is dropped`)
+      this.log('warn', `the daemon that asked for ${id} (${method}) has ended; its result is dropped`)
       return
     }
     await this.#post('/v1/result', result)
@@ -218,14 +265,15 @@ export class Relay {
     if (socketPath === null) return
     try {
       const { status, text } = await this.post(socketPath, path, body)
-      if (status >= 300) this.log('warn', `lich_control daemon answered ${status} to ${path}: ${text.trim()}`)
+      if (status >= 300) this.log('warn', `the daemon answered ${status} to ${path}: ${text.trim()}`)
     } catch (err) {
-      this.log('warn', `lich_control daemon unreachable for ${path}: ${messageOf(err)}`)
+      this.log('warn', `the daemon unreachable for ${path}: ${messageOf(err)}`)
     }
   }
 
-  // opencode's own log (`opencode --print-logs`, or its log folder).
-  log(level, message) {
+  // opencode's own log (`opencode --print-logs`, or its log folder), each line led by lich-control.
+  log(level, text) {
+    const message = text.startsWith('lich-control') ? text : `lich-control: ${text}`
     this.client.app?.log({ body: { service: 'lich-control', level, message } }).catch?.(() => {})
   }
 
@@ -282,7 +330,7 @@ export class Relay {
       return forkReply(reply)
     } finally {
       const gone = await this.client.session.delete({ path: { id: fork.id } }).catch(err => ({ error: err }))
-      if (gone?.error) this.log('warn', `lich-control could not delete its fork ${fork.id}: ${describeError(gone.error)}`)
+      if (gone?.error) this.log('warn', `could not delete its fork ${fork.id}: ${describeError(gone.error)}`)
       this.forks.delete(fork.id)
     }
   }

@@ -7,11 +7,14 @@
 //   node --test tests/opencode/
 import assert from 'node:assert/strict'
 import { EventEmitter } from 'node:events'
+import { dirname, join, resolve } from 'node:path'
 import { PassThrough } from 'node:stream'
 import { test } from 'node:test'
+import { fileURLToPath } from 'node:url'
 
 import plugin, { Relay, findModel, forkReply, insideLich } from '../../hooks/opencode/lich-control.js'
 
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..')
 const SOCKET = '/run/lich-control/oc1.sock'
 const TUI = { argv: ['bun', '/$bunfs/root/src/cli/tui/worker.js'], isMainThread: false }
 const LICH = { LICH_PORT: '4312', LICH_TOKEN: 'tok', LICH_SESSION_ID: 'oc1' }
@@ -60,16 +63,37 @@ class FakeDaemon extends EventEmitter {
   }
 }
 
-// A relay on a fake client and fake daemons, its posts and sleeps recorded.
+// hooks/lich_runtime.py as the relay runs it: its steps on stderr, its result on stdout.
+class FakeSetup extends FakeDaemon {
+  constructor(result, steps = []) {
+    super()
+    setImmediate(() => {
+      for (const step of steps) this.stderr.write(`${step}\n`)
+      this.stdout.write(`${JSON.stringify(result)}\n`)
+      this.exit(result.ok ? 0 : 1)
+    })
+  }
+}
+
+// A relay on a fake client and fake processes, its posts and sleeps recorded.
+// `python` null: no interpreter named, so the relay runs the setup, which
+// answers `setup` (by default: ready, /data/env/bin/python).
 function world(answers = {}, options = {}) {
   const client = fakeClient(answers)
   const daemons = []
+  const spawned = []
   const posts = []
   const postWaiters = []
   const sleeps = []
   const relay = new Relay({
     client,
-    spawnDaemon: () => {
+    python: options.python === undefined ? '/venv/bin/python' : options.python,
+    data: '/data/opencode/lich-control',
+    spawn: (command, args, spawnOptions) => {
+      spawned.push({ command, args, cwd: spawnOptions.cwd })
+      if (String(args[0]).endsWith('lich_runtime.py')) {
+        return new FakeSetup(options.setup ?? { ok: true, python: '/data/env/bin/python', built: true }, options.steps)
+      }
       const daemon = new FakeDaemon()
       daemons.push(daemon)
       return daemon
@@ -86,7 +110,7 @@ function world(answers = {}, options = {}) {
   const hooks = relay.hooks()
   relay.start()
   const w = {
-    client, relay, hooks, daemons, posts, sleeps,
+    client, relay, hooks, daemons, spawned, posts, sleeps,
     daemon: () => daemons.at(-1),
     hello: (socket = SOCKET) => w.daemon().say({ op: 'hello', protocol: 1, pid: 7, socket, version: '0.1.0' }),
     call: (id, method, args) => w.daemon().say({ op: 'call', id, method, args }),
@@ -144,6 +168,41 @@ test('outside the TUI the plugin adds no hook and starts nothing', async () => {
 })
 
 // -- the daemon -----------------------------------------------------------
+
+test('the daemon runs with the interpreter the python option names, and nothing is set up', async () => {
+  const w = world()
+  await until(() => w.daemons.length === 1, [])
+  assert.deepEqual(w.spawned.map(s => [s.command, ...s.args]), [['/venv/bin/python', '-m', 'lich_control.daemon', '--host', 'opencode']])
+  assert.equal(w.spawned[0].cwd, ROOT)
+})
+
+test('with no interpreter named, the shared setup builds one and the daemon runs from it', async () => {
+  const w = world({}, { python: null, steps: ['creating a virtual environment in /data/env'] })
+  await until(() => w.daemons.length === 1, [])
+  assert.deepEqual(w.spawned.map(s => [s.command, ...s.args]), [
+    ['python3', join(ROOT, 'hooks', 'lich_runtime.py'), '--data', '/data/opencode/lich-control'],
+    ['/data/env/bin/python', '-m', 'lich_control.daemon', '--host', 'opencode'],
+  ])
+  assert.deepEqual(w.client.named('app.log').map(c => c.options.body.message),
+    ['lich-control: setup: creating a virtual environment in /data/env'])
+  const shell = { env: {} }
+  await w.hooks['shell.env']({ cwd: '/work' }, shell)
+  assert.deepEqual(shell.env, { LICH_CONTROL_PYTHON: '/data/env/bin/python' })
+})
+
+test('a setup that fails is logged in its one line, and no daemon starts', async () => {
+  const error = 'lich-control cannot set up its Python environment: the package index could not be reached. Set the plugin\'s python option'
+  const w = world({}, { python: null, setup: { ok: false, error } })
+  await until(() => w.client.named('app.log').length === 1, [])
+  await flush()
+  assert.equal(w.client.named('app.log')[0].options.body.message, error)
+  assert.equal(w.daemons.length, 0)
+  assert.equal(w.spawned.length, 1)
+  // The hooks still answer, and change nothing.
+  const output = { options: { keep: 1 } }
+  await w.hooks['chat.params']({ agent: 'build', model: {} }, output)
+  assert.deepEqual(output.options, { keep: 1 })
+})
 
 test('calls wait for the hello, and each result goes to the socket it named', async () => {
   const w = world()
