@@ -81,6 +81,11 @@ def wait_until(look: Callable[[], object], timeout: float, what: str):
         time.sleep(LOOK_EVERY)
 
 
+def argv_of(pid: int) -> List[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [arg.decode() for arg in f.read().split(b"\0") if arg]
+
+
 def alive(pid: int) -> bool:
     """Running, as opposed to gone or a zombie nobody reaped yet."""
     try:
@@ -131,16 +136,19 @@ class Workspace:
             f.write(text)
         return path
 
-    def install(self, api: FakeModel, relay: str = RELAY, python_option: Optional[str] = None) -> None:
+    def install(self, api: FakeModel, python_option: bool = True) -> None:
         """opencode's user configuration: the fake model as an OpenAI-compatible
-        provider, and the relay as a plugin, as docs/opencode.md installs it."""
+        provider, and the relay as a plugin, as docs/opencode.md installs it:
+        with its python option naming the interpreter that has the project
+        installed, or, without, left to set its own environment up."""
+        plugin = [RELAY, {"python": python()}] if python_option else RELAY
         config = {
             "$schema": "https://opencode.ai/config.json",
             "autoupdate": False,
             "share": "disabled",
             "model": f"{PROVIDER}/{MODELS[0]}",
             "small_model": f"{PROVIDER}/{MODELS[0]}",
-            "plugin": [[relay, {"python": python_option or python()}]],
+            "plugin": [plugin],
             "provider": {
                 PROVIDER: {
                     "npm": "@ai-sdk/openai-compatible",
@@ -160,6 +168,11 @@ class Workspace:
         path = os.path.join(self.data_dir, "opencode.db")
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
             return db.execute("SELECT id, title, parent_id FROM session ORDER BY time_created").fetchall()
+
+    @property
+    def runtime_dir(self) -> str:
+        """Where the relay keeps the daemon's private environment."""
+        return os.path.join(self.data_dir, "lich-control")
 
     def opencode_log(self) -> str:
         folder = os.path.join(self.data_dir, "log")

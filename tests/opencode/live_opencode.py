@@ -11,10 +11,14 @@ import os
 
 import pytest
 
-from harness import Unavailable, World, alive, opencode_binary, wait_until
+from harness import Unavailable, World, alive, argv_of, opencode_binary, wait_until
 
 SESSION = "oc-live"
 RUN_SESSION = "oc-run"
+ENV_SESSION = "oc-env"
+# A first session builds the daemon's environment: python3 -m venv, and pip
+# fetching the package's dependencies from the index.
+SETUP_WAIT = 180.0
 # Well above what each step takes on a loaded 2-core machine (opencode's
 # first turn in a session takes some seconds), short enough that a broken
 # run still ends in minutes.
@@ -201,3 +205,17 @@ def test_9_opencode_run_inside_lich_starts_no_daemon(world):
     assert turn_request(world, "[oc-9]")
     # A daemon makes its lock and log in the run folder at its start.
     assert not [name for name in os.listdir(world.ws.run_dir) if name.startswith(RUN_SESSION)]
+
+
+# --- 10 ---------------------------------------------------------------------
+
+def test_10_with_no_python_option_the_first_session_builds_the_daemons_environment(world):
+    world.ws.install(world.api, python_option=False)
+    session = world.session(ENV_SESSION)
+    status = session.wait_polling(timeout=SETUP_WAIT)
+    interpreter = argv_of(status["daemon"]["pid"])[0]
+    assert interpreter.startswith(os.path.join(world.ws.runtime_dir, "env-")), interpreter
+    outcome = world.lich.control(ENV_SESSION, "prompt", "a prompt [oc-10]", timeout=WAIT)
+    assert_ok(outcome)
+    assert turn_request(world, "[oc-10]")
+    assert session.exit() == 0
