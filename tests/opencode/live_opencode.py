@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-from harness import Unavailable, World, alive, argv_of, opencode_binary, wait_until
+from opencode_world import Unavailable, World, argv_of, opencode_binary
+from processes import pid_ended
 
 SESSION = "oc-live"
 RUN_SESSION = "oc-run"
@@ -39,7 +40,7 @@ def opencode():
 def world(opencode):
     # A project command of the work folder: when it runs, the model API sees its text.
     with World(opencode) as world:
-        world.ws.write("work/.opencode/commands/word.md", "---\ndescription: say a word\n---\nPlease say the word $ARGUMENTS\n")
+        world.ws.write_file("work/.opencode/commands/word.md", "---\ndescription: say a word\n---\nPlease say the word $ARGUMENTS\n")
         yield world
 
 
@@ -90,10 +91,10 @@ def test_1_the_plugin_loads_in_the_tui_and_its_daemon_polls(world, session):
 # --- 2 ----------------------------------------------------------------------
 
 def test_2_a_first_prompt_gets_a_session_of_its_own_and_reaches_the_model(world, session):
-    assert world.ws.sessions() == []
+    assert world.oc.sessions() == []
     request = prompt(world, session, "[oc-2]")
     assert request.model == "m1" and request.tools, request
-    assert len(world.ws.sessions()) == 1
+    assert len(world.oc.sessions()) == 1
 
 
 # --- 3 ----------------------------------------------------------------------
@@ -170,7 +171,7 @@ def test_6_an_abort_ends_a_streaming_turn_and_acks_ok(world, session):
 # --- 7 ----------------------------------------------------------------------
 
 def test_7_an_ask_is_answered_by_a_fork_that_is_deleted_and_the_turn_goes_on(world, session):
-    before = world.ws.sessions()
+    before = world.oc.sessions()
     assert_ok(send(world, "prompt", "a long turn [hold] [oc-7]"))
     held = turn_request(world, "[oc-7]")
     outcome = world.lich.ask(SESSION, "what is the plan? [oc-7q]", timeout=WAIT)
@@ -179,7 +180,7 @@ def test_7_an_ask_is_answered_by_a_fork_that_is_deleted_and_the_turn_goes_on(wor
     fork = world.api.wait_for(lambda r: "[oc-7q]" in r.last_user, WAIT, "the fork's request")
     assert fork.tools == [], f"the fork was offered tools: {fork.tools}"
     assert not held.closed.is_set() and not held.answered.is_set(), "the ask disturbed the running turn"
-    assert world.ws.sessions() == before, "the fork was not deleted"
+    assert world.oc.sessions() == before, "the fork was not deleted"
     world.api.release()
     assert held.answered.wait(WAIT)
     session.wait_idle(WAIT)
@@ -192,7 +193,7 @@ def test_7_an_ask_is_answered_by_a_fork_that_is_deleted_and_the_turn_goes_on(wor
 def test_8_after_exit_the_daemon_is_gone_and_its_socket_removed(world, session):
     daemon = session.status()["daemon"]
     assert session.exit() == 0
-    wait_until(lambda: not alive(daemon["pid"]), WAIT, f"the daemon (pid {daemon['pid']}) to end")
+    assert pid_ended(daemon["pid"], WAIT), f"the daemon (pid {daemon['pid']}) still runs"
     assert not os.path.exists(daemon["socket"])
     assert session.status() is None
 
@@ -210,11 +211,11 @@ def test_9_opencode_run_inside_lich_starts_no_daemon(world):
 # --- 10 ---------------------------------------------------------------------
 
 def test_10_with_no_python_option_the_first_session_builds_the_daemons_environment(world):
-    world.ws.install(world.api, python_option=False)
+    world.oc.install(world.api, python_option=False)
     session = world.session(ENV_SESSION)
     status = session.wait_polling(timeout=SETUP_WAIT)
     interpreter = argv_of(status["daemon"]["pid"])[0]
-    assert interpreter.startswith(os.path.join(world.ws.runtime_dir, "env-")), interpreter
+    assert interpreter.startswith(os.path.join(world.oc.runtime_dir, "env-")), interpreter
     outcome = world.lich.control(ENV_SESSION, "prompt", "a prompt [oc-10]", timeout=WAIT)
     assert_ok(outcome)
     assert turn_request(world, "[oc-10]")
