@@ -18,7 +18,7 @@ const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..')
 const SETUP = join(ROOT, 'hooks', 'lich_runtime.py')
 const VARIABLES = ['LICH_PORT', 'LICH_TOKEN', 'LICH_SESSION_ID']
 // The interactive TUI runs opencode's server, plugins included, in this
-// worker; `opencode run`, `serve`, `web` and `acp` run it on the main thread.
+// worker; `opencode run` and `opencode serve` run it on the main thread.
 const TUI_WORKER = /[\\/]cli[\\/]tui[\\/]worker\.[cm]?[jt]s$/
 const RESTARTS = 5
 const FIRST_DELAY_MS = 1000
@@ -61,9 +61,9 @@ export function insideLich({ env, argv, isMainThread }) {
 }
 
 export class Relay {
-  constructor({ client, python = null, data, onStop = () => {}, spawn: run = spawn, post = postOverSocket, sleep = delay, now = Date.now, abortSettleMs = ABORT_SETTLE_MS }) {
+  constructor({ client, python = null, data, onStop = () => {}, spawn: launch = spawn, post = postOverSocket, sleep = delay, now = Date.now, abortSettleMs = ABORT_SETTLE_MS }) {
     // `python` is the interpreter the person named; null: the private environment in `data`.
-    Object.assign(this, { client, python, data, onStop, run, post, sleep, now, abortSettleMs })
+    Object.assign(this, { client, python, data, onStop, launch, post, sleep, now, abortSettleMs })
     // Settles with the running daemon's socket at its hello, or with null
     // once no daemon will run (again): posts then drain instead of waiting.
     this.daemon = deferred()
@@ -148,7 +148,7 @@ export class Relay {
     const end = await new Promise(done => {
       let child
       try {
-        child = this.run('python3', [SETUP, '--data', this.data], { cwd: ROOT, env: process.env, stdio: ['ignore', 'pipe', 'pipe'] })
+        child = this.launch('python3', [SETUP, '--data', this.data], { cwd: ROOT, env: process.env, stdio: ['ignore', 'pipe', 'pipe'] })
       } catch (err) {
         done({ error: messageOf(err) })
         return
@@ -180,7 +180,7 @@ export class Relay {
     return new Promise(done => {
       let child
       try {
-        child = this.child = this.run(this.python, ['-m', 'lich_control.daemon', '--host', 'opencode'], {
+        child = this.child = this.launch(this.python, ['-m', 'lich_control.daemon', '--host', 'opencode'], {
           cwd: ROOT,
           env: process.env,
           // stdin stays open and unused: the daemon stops when it closes.
