@@ -2,11 +2,14 @@
 
 One opencode (the pinned one, under a pseudo-terminal, in a throwaway home,
 against a fake OpenAI-compatible model API) serves checks 1 to 8 in order;
-8 ends it with /exit; 9 runs `opencode run` inside lich. Everything is
-driven from lich's side (`lich-stub control` / `ask`) and observed on the
-model API's side, in lich's acks, in `lich-mod-status --json` and in
-opencode's own database.
+8 ends it with /exit; 9 runs `opencode run` inside lich; 10 starts a second
+session with no `python` option, which builds the daemon's environment; 11
+looks for the token everywhere the run left something. Everything is driven
+from lich's side (`lich-stub control` / `ask`) and observed on the model
+API's side, in lich's acks, in `lich-mod-status --json` and in opencode's
+own database.
 """
+import json
 import os
 
 import pytest
@@ -220,3 +223,20 @@ def test_10_with_no_python_option_the_first_session_builds_the_daemons_environme
     assert_ok(outcome)
     assert turn_request(world, "[oc-10]")
     assert session.exit() == 0
+
+
+# --- 11 ---------------------------------------------------------------------
+
+def test_11_the_token_appears_nowhere(world):
+    token = world.lich.token
+    ws = world.ws
+    # Everything the run left (opencode's database and logs, the daemons'
+    # logs, the private environment), but lich's own runtime file, which holds it by design.
+    folders = [os.path.join(ws.root, name) for name in os.listdir(ws.root) if os.path.join(ws.root, name) != ws.lich_run_dir]
+    assert ws.home in folders and ws.run_dir in folders
+    assert os.path.getsize(os.path.join(ws.run_dir, f"{SESSION}.log")) > 0
+    assert ws.files_holding(token, folders) == []
+    seen = world.watch.seen
+    assert [p for p in seen if "lich_control.daemon" in p.argv], "the watch saw no daemon"
+    assert [p for p in seen if any(token in arg for arg in p.argv)] == []
+    assert not any(token in json.dumps(r.body) for r in world.api.requests)
