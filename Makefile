@@ -9,7 +9,7 @@ VENV_PY := .venv/bin/python
 endif
 STAMP := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)/.lich-control-installed
 
-.PHONY: test demo run bench plugin-check install clean
+.PHONY: test demo run bench plugin-check opencode-check install clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@if [ -z "$(VIRTUAL_ENV)" ] && [ ! -x .venv/bin/python ]; then $(PYTHON) -m venv .venv; fi
@@ -39,9 +39,15 @@ bench:
 	.venv-bench/bin/python -m pip install --quiet --force-reinstall --no-deps . && .venv-bench/bin/python -m pip install --quiet .
 	.venv-bench/bin/python -m lich_control.bench $(BENCH_ARGS)
 
-# The relay inside the pinned Claude Code, and end to end with the daemon.
+# The relay inside the pinned Claude Code, and end to end with the daemon;
+# then the opencode relay, live in the pinned opencode.
 plugin-check: $(STAMP)
 	PYTHON=$(abspath $(VENV_PY)) .ci/plugin-checks
+	PYTHON=$(abspath $(VENV_PY)) .ci/opencode-checks
+
+# The opencode relay alone: its logic under node --test, then live (about a minute).
+opencode-check: $(STAMP)
+	PYTHON=$(abspath $(VENV_PY)) .ci/opencode-checks
 
 clean:
 	rm -rf .venv .venv-bench build *.egg-info .pytest_cache .hypothesis

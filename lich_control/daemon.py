@@ -1,6 +1,6 @@
 """The daemon: the gate, the threads wired together, and the way out.
 
-    python -m lich_control.daemon [--engine relay|sim]
+    python -m lich_control.daemon [--engine relay|sim] [--host claude-code|opencode]
 
 Threads, each owning its own state:
   main         waits for a reason to stop (a signal, stdout broken, the
@@ -98,6 +98,8 @@ class Daemon:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="lich-mod-daemon", description="The lich mod-control client for one session.")
     parser.add_argument("--engine", choices=("relay", "sim"), default="relay", help="relay: the Claude Code relay on stdout and the socket (default); sim: a simulated session")
+    # Only recorded, for the status document: the bridge is the same in both.
+    parser.add_argument("--host", choices=("claude-code", "opencode"), default="claude-code", help="the program the relay runs in (default: claude-code)")
     parser.add_argument("--version", action="version", version=__version__)
     args = parser.parse_args(argv)
     parent = os.getppid()
@@ -116,10 +118,10 @@ def main(argv=None) -> int:
     except BadConfig as exc:
         print(f"lich-control: {exc}", file=sys.stderr)
         return 2
-    return run(config, args.engine, parent)
+    return run(config, args.engine, parent, None if args.engine == "sim" else args.host)
 
 
-def run(config: Config, engine_name: str, parent: int) -> int:
+def run(config: Config, engine_name: str, parent: int, host: Optional[str] = None) -> int:
     stop_logging = logs.setup(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
     lock = SessionLock(config.path("lock"))
     if not lock.acquire(_lock_wait()):
@@ -129,7 +131,7 @@ def run(config: Config, engine_name: str, parent: int) -> int:
 
     turns = Turns()
     socket_path = config.path("sock")
-    activity = Activity(config.session_id, engine_name, turns, files={"socket": socket_path, "log_file": config.path("log")})
+    activity = Activity(config.session_id, engine_name, turns, files={"socket": socket_path, "log_file": config.path("log")}, host=host)
 
     def stop(reason: str) -> None:
         # Bound late: the bridge needs this before the daemon exists, and

@@ -29,6 +29,7 @@ class Activity:
         clock: Optional[Callable[[], float]] = None,
         wall: Optional[Callable[[], float]] = None,
         files: Optional[Dict[str, str]] = None,
+        host: Optional[str] = None,
     ):
         self._lock = threading.Lock()
         # Looked up at each call, so freezegun's clock is the one read.
@@ -41,6 +42,7 @@ class Activity:
             "version": __version__,
             "session_id": session_id,
             "engine": engine,
+            "host": host,
             "started_at": self._wall(),
             **(files or {}),
         }

@@ -34,6 +34,13 @@ def test_the_hello_line_comes_once_the_socket_listens(relay, run_dir):
     assert r.status()["daemon"]["session_id"] == "s1"
 
 
+@pytest.mark.parametrize("args, host", [((), "claude-code"), (("--host", "opencode"), "opencode")])
+def test_the_status_names_the_program_the_relay_runs_in(relay, args, host):
+    r = relay(args=args)
+    r.wait_hello()
+    assert r.status()["daemon"]["host"] == host
+
+
 def test_the_run_folder_is_0700_and_the_socket_0600(relay, tmp_path):
     folder = tmp_path / "made-by-daemon"
     r = relay(env={"LICH_CONTROL_RUN_DIR": str(folder)})

@@ -1,0 +1,525 @@
+// The opencode relay's logic (hooks/opencode/lich-control.js) under Node's
+// own test runner, with nothing installed: a fake opencode `client` that
+// records every call, a fake daemon whose stdout the test writes, and the
+// socket posts recorded instead of sent. The live test (live_opencode.py)
+// runs the same relay inside a real opencode against the real daemon.
+//
+//   node --test tests/opencode/
+import assert from 'node:assert/strict'
+import { EventEmitter } from 'node:events'
+import { dirname, join, resolve } from 'node:path'
+import { PassThrough } from 'node:stream'
+import { test } from 'node:test'
+import { fileURLToPath } from 'node:url'
+
+import plugin, { Relay, findModel, forkReply, insideLich } from '../../hooks/opencode/lich-control.js'
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..')
+const SOCKET = '/run/lich-control/oc1.sock'
+const TUI = { argv: ['bun', '/$bunfs/root/src/cli/tui/worker.js'], isMainThread: false }
+const LICH = { LICH_PORT: '4312', LICH_TOKEN: 'tok', LICH_SESSION_ID: 'oc1' }
+const PROVIDERS = [
+  { id: 'fake', models: { m1: { variants: { low: {}, medium: {}, high: { reasoningEffort: 'high' } } }, m2: { variants: { high: {} } } } },
+  { id: 'other', models: { m2: { variants: {} } } },
+]
+
+// opencode's in-process client as the relay uses it: each method answers
+// from `answers` (or with `{}`), and every call is kept in `calls`.
+function fakeClient(answers = {}) {
+  const calls = []
+  const method = name => async (options) => {
+    calls.push({ name, options })
+    const answer = answers[name]
+    const value = typeof answer === 'function' ? await answer(options) : answer
+    return value !== null && typeof value === 'object' && ('error' in value || 'data' in value) ? value : { data: value ?? {} }
+  }
+  const client = { calls }
+  for (const name of ['session.create', 'session.promptAsync', 'session.status', 'session.abort', 'session.command', 'session.fork',
+    'session.prompt', 'session.delete', 'session.get', 'command.list', 'config.providers', 'config.get', 'tui.publish', 'app.log']) {
+    const [group, call] = name.split('.')
+    client[group] ??= {}
+    client[group][call] = method(name)
+  }
+  client.named = name => calls.filter(c => c.name === name)
+  return client
+}
+
+// A daemon that never runs: the test writes its stdout and ends it.
+class FakeDaemon extends EventEmitter {
+  stdout = new PassThrough()
+  stderr = new PassThrough()
+  killed = []
+  say(message) {
+    this.stdout.write(JSON.stringify(message) + '\n')
+  }
+  exit(code) {
+    this.stdout.end()
+    this.stderr.end()
+    setImmediate(() => this.emit('close', code, null))
+  }
+  kill(signal) {
+    this.killed.push(signal)
+    this.exit(null)
+  }
+}
+
+// hooks/lich_runtime.py as the relay runs it: its steps on stderr, its result on stdout.
+class FakeSetup extends FakeDaemon {
+  constructor(result, steps = []) {
+    super()
+    setImmediate(() => {
+      for (const step of steps) this.stderr.write(`${step}\n`)
+      this.stdout.write(`${JSON.stringify(result)}\n`)
+      this.exit(result.ok ? 0 : 1)
+    })
+  }
+}
+
+// A relay on a fake client and fake processes, its posts and sleeps recorded.
+// `python` null: no interpreter named, so the relay runs the setup, which
+// answers `setup` (by default: ready, /data/env/bin/python).
+function world(answers = {}, options = {}) {
+  const client = fakeClient(answers)
+  const daemons = []
+  const spawned = []
+  const posts = []
+  const postWaiters = []
+  const sleeps = []
+  const relay = new Relay({
+    client,
+    python: options.python === undefined ? '/venv/bin/python' : options.python,
+    data: '/data/opencode/lich-control',
+    spawn: (command, args, spawnOptions) => {
+      spawned.push({ command, args, cwd: spawnOptions.cwd })
+      if (String(args[0]).endsWith('lich_runtime.py')) {
+        return new FakeSetup(options.setup ?? { ok: true, python: '/data/env/bin/python', built: true }, options.steps)
+      }
+      const daemon = new FakeDaemon()
+      daemons.push(daemon)
+      return daemon
+    },
+    post: async (socketPath, path, body) => {
+      posts.push({ socketPath, path, body })
+      for (const w of postWaiters.splice(0)) w()
+      return { status: 204, text: '' }
+    },
+    sleep: ms => new Promise(wake => sleeps.push({ ms, wake })),
+    now: () => options.clock?.() ?? 0,
+    abortSettleMs: 50,
+  })
+  const hooks = relay.hooks()
+  relay.start()
+  const w = {
+    client, relay, hooks, daemons, spawned, posts, sleeps,
+    daemon: () => daemons.at(-1),
+    hello: (socket = SOCKET) => w.daemon().say({ op: 'hello', protocol: 1, pid: 7, socket, version: '0.1.0' }),
+    call: (id, method, args) => w.daemon().say({ op: 'call', id, method, args }),
+    // Resolves with the posted result of call `id`.
+    result: id => until(() => posts.find(p => p.path === '/v1/result' && p.body.id === id)?.body, postWaiters),
+    events: () => posts.filter(p => p.path === '/v1/event').map(p => `${p.body.event} ${p.body.turnId}`),
+    settled: () => until(() => posts.length > 0 && true, postWaiters),
+    bus: (type, properties) => hooks.event({ event: { type, properties } }),
+    status: (sessionID, type) => w.bus('session.status', { sessionID, status: { type } }),
+    created: (id, parentID) => w.bus('session.created', { sessionID: id, info: { id, ...(parentID && { parentID }) } }),
+    prompted: async (sessionID, model = { providerID: 'fake', modelID: 'm1' }) => {
+      const output = { message: { id: 'msg', sessionID, role: 'user', model: { ...model } }, parts: [] }
+      await hooks['chat.message']({ sessionID }, output)
+      return output.message
+    },
+  }
+  return w
+}
+
+async function until(check, waiters, ms = 2000) {
+  const deadline = Date.now() + ms
+  for (;;) {
+    const value = check()
+    if (value) return value
+    assert.ok(Date.now() < deadline, 'what the test waited for never came')
+    await new Promise(wake => {
+      const timer = setTimeout(wake, 20)
+      waiters.push(() => {
+        clearTimeout(timer)
+        wake()
+      })
+    })
+  }
+}
+
+const flush = () => new Promise(wake => setImmediate(wake))
+
+// -- the gate -------------------------------------------------------------
+
+test('the gate opens only with all three variables in the interactive TUI', () => {
+  assert.equal(insideLich({ env: LICH, ...TUI }), true)
+  for (const name of Object.keys(LICH)) {
+    assert.equal(insideLich({ env: { ...LICH, [name]: '' }, ...TUI }), false, `${name} empty`)
+  }
+  // `opencode run` and `opencode serve` run the server on the main thread.
+  assert.equal(insideLich({ env: LICH, argv: ['bun', '/$bunfs/root/src/index.js', 'run', 'hi'], isMainThread: true }), false)
+  assert.equal(insideLich({ env: LICH, argv: TUI.argv, isMainThread: true }), false)
+})
+
+test('outside the TUI the plugin adds no hook and starts nothing', async () => {
+  const client = fakeClient()
+  assert.equal(plugin.id, 'lich-control')
+  assert.deepEqual(await plugin.server({ client }, {}), {})
+  assert.deepEqual(client.calls, [])
+})
+
+// -- the daemon -----------------------------------------------------------
+
+test('the daemon runs with the interpreter the python option names, and nothing is set up', async () => {
+  const w = world()
+  await until(() => w.daemons.length === 1, [])
+  assert.deepEqual(w.spawned.map(s => [s.command, ...s.args]), [['/venv/bin/python', '-m', 'lich_control.daemon', '--host', 'opencode']])
+  assert.equal(w.spawned[0].cwd, ROOT)
+})
+
+test('with no interpreter named, the shared setup builds one and the daemon runs from it', async () => {
+  const w = world({}, { python: null, steps: ['creating a virtual environment in /data/env'] })
+  await until(() => w.daemons.length === 1, [])
+  assert.deepEqual(w.spawned.map(s => [s.command, ...s.args]), [
+    ['python3', join(ROOT, 'hooks', 'lich_runtime.py'), '--data', '/data/opencode/lich-control'],
+    ['/data/env/bin/python', '-m', 'lich_control.daemon', '--host', 'opencode'],
+  ])
+  assert.deepEqual(w.client.named('app.log').map(c => c.options.body.message),
+    ['lich-control: setup: creating a virtual environment in /data/env'])
+  const shell = { env: {} }
+  await w.hooks['shell.env']({ cwd: '/work' }, shell)
+  assert.deepEqual(shell.env, { LICH_CONTROL_PYTHON: '/data/env/bin/python' })
+})
+
+test('a setup that fails is logged in its one line, and no daemon starts', async () => {
+  const error = 'lich-control cannot set up its Python environment: the package index could not be reached. Set the plugin\'s python option'
+  const w = world({}, { python: null, setup: { ok: false, error } })
+  await until(() => w.client.named('app.log').length === 1, [])
+  await flush()
+  assert.equal(w.client.named('app.log')[0].options.body.message, error)
+  assert.equal(w.daemons.length, 0)
+  assert.equal(w.spawned.length, 1)
+  // The hooks still answer, and change nothing.
+  const output = { options: { keep: 1 } }
+  await w.hooks['chat.params']({ agent: 'build', model: {} }, output)
+  assert.deepEqual(output.options, { keep: 1 })
+})
+
+test('calls wait for the hello, and each result goes to the socket it named', async () => {
+  const w = world()
+  w.call('c1', 'overrides.set', { model: null, effort: null })
+  await flush()
+  assert.deepEqual(w.posts, [])
+  w.hello()
+  assert.deepEqual(await w.result('c1'), { id: 'c1', ok: true, value: null })
+  assert.equal(w.posts[0].socketPath, SOCKET)
+})
+
+test('a method the relay does not have is refused by name', async () => {
+  const w = world()
+  w.hello()
+  w.call('c1', 'turn.rewind', {})
+  assert.deepEqual(await w.result('c1'), { id: 'c1', ok: false, error: 'this relay has no method turn.rewind' })
+})
+
+test('a daemon that exits 1 is restarted after a growing delay, and hears of the running turn', async () => {
+  const w = world()
+  w.hello()
+  await w.prompted('ses_a')
+  w.status('ses_a', 'busy')
+  await w.settled()
+  w.daemon().exit(1)
+  await until(() => w.sleeps.length === 1, [])
+  assert.equal(w.sleeps[0].ms, 1000)
+  w.sleeps[0].wake()
+  await until(() => w.daemons.length === 2, [])
+  w.hello('/run/lich-control/second.sock')
+  await until(() => w.posts.some(p => p.socketPath.endsWith('second.sock')), [])
+  assert.deepEqual(w.posts.filter(p => p.socketPath.endsWith('second.sock')).map(p => p.body), [{ event: 'turn.start', turnId: 'o1' }])
+  w.daemon().exit(1)
+  await until(() => w.sleeps.length === 2, [])
+  assert.equal(w.sleeps[1].ms, 2000)
+})
+
+test('a daemon that refuses its configuration (exit 2) is not restarted', async () => {
+  const w = world()
+  w.daemon().exit(2)
+  await until(() => w.client.named('app.log').length > 0, [])
+  await flush()
+  assert.equal(w.daemons.length, 1)
+  assert.deepEqual(w.sleeps, [])
+  assert.match(w.client.named('app.log')[0].options.body.message, /configuration is wrong; not restarting/)
+})
+
+test('a restarted daemon starts with no overrides', async () => {
+  const w = world({ 'config.providers': { providers: PROVIDERS } })
+  w.hello()
+  w.call('c1', 'overrides.set', { model: 'fake/m2', effort: null })
+  await w.result('c1')
+  w.daemon().exit(1)
+  await until(() => w.sleeps.length === 1, [])
+  const message = await w.prompted('ses_a')
+  assert.deepEqual(message.model, { providerID: 'fake', modelID: 'm1' })
+})
+
+test('dispose ends the daemon and restarts nothing', async () => {
+  const w = world()
+  w.hello()
+  await w.hooks.dispose()
+  assert.deepEqual(w.daemon().killed, ['SIGTERM'])
+  await flush()
+  assert.equal(w.daemons.length, 1)
+  assert.deepEqual(w.sleeps, [])
+})
+
+// -- the session lich drives, and its turns -------------------------------
+
+test('before any prompt, lich gets a session of its own, shown in the TUI', async () => {
+  const w = world({ 'session.create': { id: 'ses_new' } })
+  w.hello()
+  w.call('c1', 'prompt.submit', { text: 'run the tests' })
+  w.call('c2', 'prompt.submit', { text: 'and then lint' })
+  assert.equal((await w.result('c1')).ok, true)
+  assert.equal((await w.result('c2')).ok, true)
+  assert.equal(w.client.named('session.create').length, 1)
+  assert.deepEqual(w.client.named('tui.publish')[0].options.body, { type: 'tui.session.select', properties: { sessionID: 'ses_new' } })
+  assert.deepEqual(w.client.named('session.promptAsync').map(c => [c.options.path.id, c.options.body.parts[0].text]),
+    [['ses_new', 'run the tests'], ['ses_new', 'and then lint']])
+})
+
+test('lich drives the root session last prompted; forks and child sessions never take it', async () => {
+  const w = world()
+  w.hello()
+  w.created('ses_a')
+  w.created('ses_b')
+  w.created('ses_child', 'ses_b')
+  await w.prompted('ses_a')
+  await w.prompted('ses_b')
+  await w.prompted('ses_child')
+  assert.equal(w.relay.chosen, 'ses_b')
+  w.call('c1', 'prompt.submit', { text: 'go on' })
+  await w.result('c1')
+  assert.equal(w.client.named('session.promptAsync')[0].options.path.id, 'ses_b')
+})
+
+test('a session the bus has not described is looked up once', async () => {
+  const w = world({ 'session.get': ({ path }) => ({ id: path.id, parentID: path.id === 'ses_sub' ? 'ses_root' : undefined }) })
+  await w.prompted('ses_sub')
+  assert.equal(w.relay.chosen, null)
+  await w.prompted('ses_root')
+  await w.prompted('ses_root')
+  assert.equal(w.relay.chosen, 'ses_root')
+  assert.equal(w.client.named('session.get').length, 2)
+})
+
+test('each busy to idle of the chosen session is one turn; other sessions make none', async () => {
+  const w = world()
+  w.hello()
+  await w.prompted('ses_a')
+  w.status('ses_a', 'busy')
+  w.status('ses_a', 'busy')
+  w.status('ses_a', 'retry')
+  w.status('ses_other', 'busy')
+  w.status('ses_a', 'idle')
+  w.status('ses_a', 'idle')
+  w.status('ses_a', 'busy')
+  await until(() => w.events().length === 3, [])
+  assert.deepEqual(w.events(), ['turn.start o1', 'turn.complete o1', 'turn.start o2'])
+})
+
+test('when another session is prompted mid-turn, the old turn ends for lich', async () => {
+  const w = world()
+  w.hello()
+  w.created('ses_a')
+  w.created('ses_b')
+  await w.prompted('ses_a')
+  w.status('ses_a', 'busy')
+  w.status('ses_b', 'busy')
+  await w.prompted('ses_b')
+  await until(() => w.events().length === 3, [])
+  assert.deepEqual(w.events(), ['turn.start o1', 'turn.complete o1', 'turn.start o2'])
+})
+
+// -- abort ----------------------------------------------------------------
+
+test('abort stops the running turn and answers once the session is idle', async () => {
+  const w = world({ 'session.status': { ses_a: { type: 'busy' } }, 'session.abort': true })
+  w.hello()
+  await w.prompted('ses_a')
+  w.status('ses_a', 'busy')
+  w.call('c1', 'turn.abort', { turnId: 'o1' })
+  await until(() => w.client.named('session.abort').length === 1, [])
+  await flush()
+  assert.equal(w.posts.some(p => p.body.id === 'c1'), false, 'answered before the session went idle')
+  w.status('ses_a', 'idle')
+  assert.deepEqual(await w.result('c1'), { id: 'c1', ok: true, value: null })
+  assert.equal(w.client.named('session.abort')[0].options.path.id, 'ses_a')
+})
+
+test('abort of a turn that is not the running one, or of an idle session, is refused', async () => {
+  const w = world({ 'session.status': {} })
+  w.hello()
+  await w.prompted('ses_a')
+  w.status('ses_a', 'busy')
+  w.call('c1', 'turn.abort', { turnId: 'o9' })
+  w.call('c2', 'turn.abort', { turnId: 'o1' })
+  assert.deepEqual(await w.result('c1'), { id: 'c1', ok: false, error: 'o9 is not the running turn' })
+  assert.deepEqual(await w.result('c2'), { id: 'c2', ok: false, error: 'no turn is running' })
+  assert.equal(w.client.named('session.abort').length, 0)
+})
+
+test('an abort the session does not follow is reported, not acked ok', async () => {
+  const w = world({ 'session.status': { ses_a: { type: 'busy' } }, 'session.abort': true })
+  w.hello()
+  await w.prompted('ses_a')
+  w.status('ses_a', 'busy')
+  w.call('c1', 'turn.abort', { turnId: 'o1' })
+  await until(() => w.sleeps.some(s => s.ms === 50), [])
+  w.sleeps.find(s => s.ms === 50).wake()
+  const result = await w.result('c1')
+  assert.equal(result.ok, false)
+  assert.match(result.error, /still busy/)
+})
+
+// -- commands -------------------------------------------------------------
+
+test('a command waits for the running turn to end, then runs in the driven session', async () => {
+  const w = world({ 'command.list': [{ name: 'init' }, { name: 'word' }] })
+  w.hello()
+  await w.prompted('ses_a')
+  w.status('ses_a', 'busy')
+  w.call('c1', 'command.run', { command: 'word', args: 'apple' })
+  await until(() => w.client.named('command.list').length === 1, [])
+  await flush()
+  assert.equal(w.client.named('session.command').length, 0)
+  w.status('ses_a', 'idle')
+  assert.deepEqual(await w.result('c1'), { id: 'c1', ok: true, value: null })
+  assert.deepEqual(w.client.named('session.command')[0].options, { path: { id: 'ses_a' }, body: { command: 'word', arguments: 'apple' } })
+})
+
+test('a command opencode does not have is refused with the ones it has', async () => {
+  const w = world({ 'command.list': [{ name: 'init' }, { name: 'review' }] })
+  w.hello()
+  w.call('c1', 'command.run', { command: 'compact' })
+  const result = await w.result('c1')
+  assert.deepEqual(result, { id: 'c1', ok: false, error: 'opencode has no command /compact that its API can run (it has: init, review)' })
+})
+
+test('what opencode refuses reaches the daemon as its message', async () => {
+  const w = world({ 'command.list': [{ name: 'word' }], 'session.command': { error: { name: 'UnknownError', data: { message: 'the template failed' } } } })
+  w.hello()
+  await w.prompted('ses_a')
+  w.call('c1', 'command.run', { command: 'word' })
+  assert.deepEqual(await w.result('c1'), { id: 'c1', ok: false, error: 'opencode could not run /word: the template failed' })
+})
+
+// -- asks -----------------------------------------------------------------
+
+test('an ask forks the driven session, prompts the fork with tools off, answers and deletes the fork', async () => {
+  const w = world({
+    'session.fork': { id: 'ses_fork' },
+    'session.prompt': { info: { role: 'assistant' }, parts: [{ type: 'step-start' }, { type: 'text', text: 'I am ' }, { type: 'text', text: 'testing' }] },
+    'session.delete': true,
+  })
+  w.hello()
+  await w.prompted('ses_a')
+  w.status('ses_a', 'busy')
+  w.call('c1', 'model.fork', { prompt: '<preamble>Question: what now?' })
+  assert.deepEqual(await w.result('c1'), { id: 'c1', ok: true, value: { isAnswered: true, text: 'I am testing' } })
+  assert.deepEqual(w.client.named('session.fork')[0].options.path, { id: 'ses_a' })
+  assert.deepEqual(w.client.named('session.prompt')[0].options, {
+    path: { id: 'ses_fork' },
+    body: { tools: { '*': false }, parts: [{ type: 'text', text: '<preamble>Question: what now?' }] },
+  })
+  assert.deepEqual(w.client.named('session.delete')[0].options.path, { id: 'ses_fork' })
+  assert.equal(w.client.named('session.abort').length + w.client.named('session.promptAsync').length, 0)
+})
+
+test('the fork being prompted does not become the driven session', async () => {
+  let w
+  w = world({
+    'session.fork': { id: 'ses_fork' },
+    'session.prompt': async () => {
+      w.created('ses_fork')
+      await w.prompted('ses_fork')
+      return { info: {}, parts: [{ type: 'text', text: 'fine' }] }
+    },
+  })
+  w.hello()
+  await w.prompted('ses_a')
+  w.call('c1', 'model.fork', { prompt: 'q' })
+  await w.result('c1')
+  assert.equal(w.relay.chosen, 'ses_a')
+})
+
+test('an ask before any session has nothing to fork', async () => {
+  const w = world()
+  w.hello()
+  w.call('c1', 'model.fork', { prompt: 'q' })
+  assert.deepEqual((await w.result('c1')).value, { isAnswered: false, reason: 'nothing-to-fork' })
+  assert.equal(w.client.named('session.fork').length, 0)
+})
+
+test('a fork whose prompt fails is still deleted', async () => {
+  const w = world({ 'session.fork': { id: 'ses_fork' }, 'session.prompt': { error: { data: { message: 'boom' } } } })
+  w.hello()
+  await w.prompted('ses_a')
+  w.call('c1', 'model.fork', { prompt: 'q' })
+  assert.deepEqual(await w.result('c1'), { id: 'c1', ok: false, error: 'opencode could not answer in the fork: boom' })
+  assert.deepEqual(w.client.named('session.delete')[0].options.path, { id: 'ses_fork' })
+})
+
+test("the fork's reply reads as $.model.fork's: aborted, api-error, empty-reply", () => {
+  assert.deepEqual(forkReply({ info: { error: { name: 'MessageAbortedError', data: {} } }, parts: [] }), { isAnswered: false, reason: 'aborted' })
+  assert.deepEqual(forkReply({ info: { error: { name: 'APIError', data: { statusCode: 529, message: 'overloaded' } } } }),
+    { isAnswered: false, reason: 'api-error', status: 529, error: 'APIError' })
+  assert.deepEqual(forkReply({ info: {}, parts: [{ type: 'text', text: '  ' }, { type: 'text', text: 'hidden', synthetic: true }] }),
+    { isAnswered: false, reason: 'empty-reply' })
+})
+
+// -- overrides ------------------------------------------------------------
+
+test('a model override is checked against opencode and changes the model from the next prompt on', async () => {
+  const w = world({ 'config.providers': { providers: PROVIDERS } })
+  w.hello()
+  w.call('c1', 'overrides.set', { model: 'fake/m2', effort: null })
+  assert.equal((await w.result('c1')).ok, true)
+  assert.deepEqual((await w.prompted('ses_a')).model, { providerID: 'fake', modelID: 'm2' })
+  w.call('c2', 'overrides.set', { model: null, effort: null })
+  await w.result('c2')
+  assert.deepEqual((await w.prompted('ses_a')).model, { providerID: 'fake', modelID: 'm1' })
+})
+
+test('a model opencode does not know, or names twice, is refused', async () => {
+  const w = world({ 'config.providers': { providers: PROVIDERS } })
+  w.hello()
+  w.call('c1', 'overrides.set', { model: 'fake/m9', effort: null })
+  w.call('c2', 'overrides.set', { model: 'm2', effort: null })
+  w.call('c3', 'overrides.set', { model: 'm1', effort: null })
+  assert.match((await w.result('c1')).error, /^opencode has no model fake\/m9/)
+  assert.match((await w.result('c2')).error, /fake\/m2 or other\/m2/)
+  assert.equal((await w.result('c3')).ok, true)
+  assert.deepEqual(findModel(PROVIDERS, 'm1'), { providerID: 'fake', modelID: 'm1' })
+})
+
+test('an effort override merges the model variant into every request but opencode own ones', async () => {
+  const w = world({ 'config.providers': { providers: PROVIDERS } })
+  w.hello()
+  await w.prompted('ses_a')
+  w.call('c1', 'overrides.set', { model: null, effort: 'high' })
+  assert.equal((await w.result('c1')).ok, true)
+  const model = { id: 'm1', providerID: 'fake', variants: PROVIDERS[0].models.m1.variants }
+  for (const [agent, expected] of [['build', { keep: 1, reasoningEffort: 'high' }], ['title', { keep: 1 }], ['compaction', { keep: 1 }]]) {
+    const output = { temperature: 0, options: { keep: 1 } }
+    await w.hooks['chat.params']({ sessionID: 'ses_a', agent, model, message: {} }, output)
+    assert.deepEqual(output.options, expected, agent)
+  }
+})
+
+test('an effort the next model has no variant for is refused, naming its levels', async () => {
+  const w = world({ 'config.providers': { providers: PROVIDERS }, 'config.get': { model: 'fake/m1' } })
+  w.hello()
+  w.call('c1', 'overrides.set', { model: null, effort: 'max' })
+  w.call('c2', 'overrides.set', { model: 'fake/m2', effort: 'low' })
+  assert.equal((await w.result('c1')).error, 'fake/m1 has no max effort in opencode (its levels: low, medium, high)')
+  assert.equal((await w.result('c2')).error, 'fake/m2 has no low effort in opencode (its levels: high)')
+})
