@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from lich_control import __version__
+from lich_control import CONTRACT_RELEASE, __version__
 from relay import ROOT, unix_request
 
 PROMPT = {"id": "m1", "kind": "prompt", "text": "run the tests"}
@@ -90,10 +90,10 @@ def test_every_request_carries_the_plugin_header_and_the_token_in_the_url(relay,
     lich.send({"id": "m12", "kind": "rewind"})
     lich.wait_acks(1)
     _, query, headers = lich.polls[0]
-    assert headers["X-Lich-Plugin"] == __version__
+    assert headers["X-Lich-Plugin"] == CONTRACT_RELEASE
     assert query == {"token": [lich.token], "session_id": ["s1"]}
     _, body, ack_headers, ack_query = lich.acks[0]
-    assert ack_headers["X-Lich-Plugin"] == __version__ and ack_query == {"token": [lich.token]}
+    assert ack_headers["X-Lich-Plugin"] == CONTRACT_RELEASE and ack_query == {"token": [lich.token]}
     assert body == {"session_id": "s1", "id": "m12", "kind": "rewind", "ok": False, "error": "unknown kind"}
 
 
