@@ -194,7 +194,7 @@ def detail(f: Found, paint: Paint) -> List[str]:
     retry = f", next poll in {poll['retry_in_s']:g} s" if poll.get("retry_in_s") is not None else ""
     fields = [
         ["session", d["session_id"]],
-        ["pid", f"{d['pid']} ({d['engine']} engine, version {d['version']})"],
+        ["pid", f"{d['pid']} ({d['engine']} engine, version {d['version']}, contract {d.get('contract_release', '?')})"],
         ["state", state(s) + why + retry],
         ["last poll", f"sent {age(poll.get('last_poll_age_s'))}, last answered {age(poll['last_answer_age_s'])} ({poll['polls']} polls, {poll['failures']} failed)"],
         ["turn", s["turn"] or "none running"],
