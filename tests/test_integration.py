@@ -3,7 +3,6 @@
 The test plays the relay (stdout lines in, results and events posted over the
 Unix socket) against FakeLich. Waits are condition waits with deadlines.
 """
-import json
 import os
 import stat
 import subprocess

@@ -4,7 +4,6 @@ the real daemon, bridge and loopback HTTP over fewer."""
 import collections
 import itertools
 import json
-import threading
 
 import pytest
 import responses
