@@ -45,7 +45,8 @@ def still_serving(conn):
 
 
 def raw(path, data):
-    """Bytes in, everything the server sent until it closed."""
+    """Bytes in, everything the server sent until it closed: for what no
+    HTTP client would send."""
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(5)
         sock.connect(path)
@@ -56,10 +57,6 @@ def raw(path, data):
             if not chunk:
                 return out
             out += chunk
-
-
-def status_of(answer):
-    return int(answer.split(b" ", 2)[1])
 
 
 # -- the socket file ---------------------------------------------------------------
@@ -128,16 +125,22 @@ def test_refusals_say_why_in_one_line(server, method, url, body, status, text):
 
 
 def test_connection_close_is_honoured(server):
-    out = raw(server.path, b'POST /v1/result HTTP/1.1\r\nContent-Length: 11\r\nConnection: close\r\n\r\n{"id": "a"}')
-    assert out.startswith(b"HTTP/1.1 204 ") and b"Connection: close" in out
+    conn = UnixConnection(server.path)
+    conn.request("POST", "/v1/result", b'{"id": "a"}', {"Connection": "close"})
+    response = conn.getresponse()
+    assert response.status == 204 and response.getheader("Connection") == "close" and response.will_close
 
 
 # -- limits: the library's bounds and ours ----------------------------------------------
 
 
-def test_a_body_without_a_length_is_411_and_the_connection_closes(server):
-    out = raw(server.path, b"POST /v1/result HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"id\"\r\n0\r\n\r\n")
-    assert status_of(out) == 411 and b"a Content-Length is required" in out
+def test_a_chunked_body_is_411_and_the_connection_closes(server):
+    conn = UnixConnection(server.path)
+    conn.putrequest("POST", "/v1/result")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()  # the answer comes before any chunk is sent
+    response = conn.getresponse()
+    assert (response.status, response.read()) == (411, b"a Content-Length is required\n") and response.will_close
     assert server.sinks.results == []
 
 
@@ -147,22 +150,26 @@ def test_a_request_line_that_is_not_http_is_refused_and_the_connection_closed(se
 
 
 def test_a_body_over_the_limit_is_413_without_being_read(server):
-    out = raw(server.path, f"POST /v1/result HTTP/1.1\r\nContent-Length: {MAX_BODY + 1}\r\n\r\n".encode())
-    assert status_of(out) == 413
+    conn = UnixConnection(server.path)
+    conn.putrequest("POST", "/v1/result")
+    conn.putheader("Content-Length", str(MAX_BODY + 1))
+    conn.endheaders()  # and no body: the answer comes without waiting for it
+    response = conn.getresponse()
+    assert (response.status, response.read()) == (413, b"the body is too large\n") and response.will_close
 
 
 @pytest.mark.parametrize(
-    "request_bytes, status",
+    "url, headers, status",
     [
-        (b"GET /" + b"x" * 70000 + b" HTTP/1.1\r\n\r\n", 414),
-        (b"GET /v1/status HTTP/1.1\r\nX: " + b"y" * 70000 + b"\r\n\r\n", 431),
-        (b"GET /v1/status HTTP/1.1\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(101)) + b"\r\n", 431),
+        ("/" + "x" * 70000, {}, 414),
+        ("/v1/status", {"X": "y" * 70000}, 431),
+        ("/v1/status", {f"H{i}": "v" for i in range(101)}, 431),
     ],
     ids=["long-request-line", "long-header", "too-many-headers"],
 )
-def test_what_is_not_http_within_bounds_is_refused_plainly(server, request_bytes, status):
-    out = raw(server.path, request_bytes)
-    assert status_of(out) == status
+def test_what_is_past_the_librarys_bounds_is_refused_and_the_server_goes_on(server, url, headers, status):
+    conn = UnixConnection(server.path)
+    assert conn.exchange("GET", url, None, headers)[0] == status
     still_serving(UnixConnection(server.path))
 
 
