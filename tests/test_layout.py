@@ -12,7 +12,7 @@ PACKAGE = os.path.join(ROOT, "lich_control")
 
 
 def modules_loaded_by(statement):
-    code = f"import sys; {statement}; print('\\n'.join(sorted(m for m in sys.modules if m.startswith('lich_control'))))"
+    code = f"import sys; {statement}; print('\\n'.join(sorted(m for m in sys.modules if m.startswith(('lich_control', 'requests')))))"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
@@ -23,6 +23,11 @@ def test_the_daemon_and_the_status_command_import_none_of_the_tools():
         loaded = modules_loaded_by(entry)
         assert "lich_control.lich" in loaded or entry.endswith("status_cli")
         assert [m for m in loaded if m.startswith(("lich_control.dev", "lich_control.bench"))] == [], entry
+
+
+def test_lich_mod_status_does_without_requests():
+    # Only the daemon talks to lich: the status command pays no ~70 ms import for it.
+    assert "requests" not in modules_loaded_by("import lich_control.status_cli")
 
 
 def test_no_module_of_the_daemon_or_the_benchmark_parses_http_by_hand():
