@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 from typing import Callable, List, Optional
 
@@ -98,12 +97,7 @@ class Poller:
         self.backoff = self.backoff.succeeded()
         log.debug("lich answered a poll with %d items", len(items))
         self._activity.poll_answered(len(items))
-        if items:
-            self._dispatch(items)
-            # Let the worker start the first command before the next poll's
-            # request is built (~0.2 ms of Python holding the interpreter):
-            # a yield of the GIL, not a wait, so the poll still goes out at once.
-            os.sched_yield()
+        self._dispatch(items)
         return True
 
     def _dispatch(self, items: List) -> None:
