@@ -183,7 +183,7 @@ def _describe(exc: requests.RequestException, port: int) -> str:
         return "the connection to lich broke"
     if isinstance(exc, requests.exceptions.ContentDecodingError):
         return "lich's answer could not be decoded"
-    if any(isinstance(c, http.client.HTTPException) for c in causes):
+    if isinstance(exc, requests.exceptions.InvalidHeader) or any(isinstance(c, http.client.HTTPException) for c in causes):
         return "lich's answer was not HTTP"
     if any(isinstance(c, OSError) and c.errno for c in causes):
         return f"the connection to lich broke ({_errno_name(causes)})"

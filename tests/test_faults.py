@@ -4,13 +4,16 @@ within one backoff step of lich. (The schedule itself is a frozen-clock test
 in test_poller.py, and a 404's end of polling is in test_integration.py.)"""
 import collections
 import json
+import os
 import socket
 import threading
 import time
+from urllib.parse import quote
 
 import pytest
 
 from fakelich import Answer, FakeLich
+from fakes import RawAnswer
 
 REWIND = {"id": "m12", "kind": "rewind"}
 
@@ -157,3 +160,21 @@ def test_an_ack_whose_connection_drops_is_not_resent_and_the_next_runs(relay, li
     status = r.status()
     assert status["counts"]["rewind"]["unsent"] == 1
     assert any("m12" in e["what"] for e in status["errors"])
+
+
+def test_urllib3s_warning_about_a_malformed_answer_reaches_the_log_without_the_token(relay, lich, run_dir):
+    # urllib3 logs a header it cannot parse with the request's URL, token and all.
+    raw = RawAnswer(b"HTTP/1.1 200 OK\r\nthis is no header\r\n\r\n[]")
+    try:
+        r = relay({"LICH_PORT": str(raw.port)})
+        r.wait_hello()
+        raw.wait(2)  # the first answer was read (an empty batch) and the poll went out again
+        r.proc.terminate()
+        assert r.wait_exit(5) == 0  # the log is flushed on the way out
+    finally:
+        raw.close()
+    with open(os.path.join(run_dir, "s1.log"), encoding="utf-8") as f:
+        log = f.read()
+    assert "Failed to parse headers" in log and "token=[token]" in log
+    assert lich.token not in log and quote(lich.token, safe="") not in log
+    assert lich.token not in "".join(r.stderr_lines) and quote(lich.token, safe="") not in "".join(r.stderr_lines)

@@ -8,6 +8,7 @@ from urllib.parse import quote
 import pytest
 
 from fakelich import Answer, FakeLich
+from fakes import RawAnswer
 from lich_control import lich as lich_module
 from lich_control.ack import Ack
 from lich_control.config import Config
@@ -143,3 +144,29 @@ def test_a_connection_opened_after_abandon_is_cut_at_once():
     finally:
         left.close()
         right.close()
+
+
+NOT_HTTP = {
+    "garbage": b"garbage\r\n\r\n",
+    "bad-status-code": b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\n[]",
+    "no-status-line": b"[]",
+    "too-many-headers": b"HTTP/1.1 200 OK\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(120)) + b"\r\n[]",
+    "header-too-long": b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n[]",
+    "two-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]",
+    "bad-chunk-size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n[]\r\n0\r\n\r\n",
+    "huge-chunk-size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffff\r\n[]\r\n0\r\n\r\n",
+    "bad-gzip": b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nabcd",
+}
+
+
+@pytest.mark.parametrize("answer", list(NOT_HTTP.values()), ids=list(NOT_HTTP))
+def test_an_answer_a_parser_refuses_is_a_failed_poll_never_an_escape(answer):
+    raw = RawAnswer(answer)
+    client = LichClient(Config(port=raw.port, token=TOKEN, session_id="s1", run_dir="/tmp/x"))
+    try:
+        with pytest.raises(PollFailed, match="^lich's answer (was not HTTP|broke off|could not be decoded)$") as caught:
+            client.poll()
+        assert_safe(caught.value)
+    finally:
+        client.close()
+        raw.close()
