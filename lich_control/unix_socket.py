@@ -75,7 +75,12 @@ class UnixHttpServer:
         # timeout), where serve_forever would wake twice a second to look
         # for a shutdown request.
         while not self._server.closing.is_set():
-            self._server.handle_request()
+            try:
+                self._server.handle_request()
+            except (OSError, ValueError):  # ValueError: the socket closed under the selector
+                if self._server.closing.is_set():
+                    return
+                raise
 
 
 class _Server(socketserver.ThreadingUnixStreamServer):
