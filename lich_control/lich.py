@@ -21,6 +21,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 from urllib.parse import quote
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
 from urllib3.connection import HTTPConnection
@@ -134,9 +135,15 @@ class LichClient:
                 body = _read_capped(response, limit)
             finally:
                 response.close()  # a body left unread closes the connection, never reuses it
-        except requests.RequestException as exc:
+        except _WIRE_ERRORS as exc:
             raise _Failed(_describe(exc, self._port)) from None
         return response.status_code, response.reason, body
+
+
+# What a request can raise on the way or on a hostile answer: requests wraps
+# nearly all of it, and what it lets through of urllib3 and http.client is
+# still one failed exchange, never a dead poller.
+_WIRE_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
 
 
 class _LichSession(requests.Session):
@@ -164,7 +171,7 @@ def _too_large(limit: int) -> str:
     return f"lich's answer is over {limit // (1024 * 1024)} MiB" if limit >= 1024 * 1024 else f"lich's answer is over {limit // 1024} KiB"
 
 
-def _describe(exc: requests.RequestException, port: int) -> str:
+def _describe(exc: BaseException, port: int) -> str:
     """A phrase for a failed exchange, from the exception's type and causes, never its text."""
     if isinstance(exc, requests.ConnectTimeout):
         return f"could not connect to lich on port {port} in time"

@@ -1,12 +1,14 @@
 """LichClient with mocked HTTP (responses): what every request carries, and
 what each class of answer or failure becomes. The token below would show in
 any text built from a URL: no error may carry it."""
+import http.client
 import json
 from urllib.parse import quote
 
 import pytest
 import requests
 import responses
+import urllib3
 
 from lich_control import CONTRACT_RELEASE, __version__
 from lich_control.ack import Ack
@@ -126,8 +128,10 @@ def test_any_other_status_is_a_failed_poll_named_by_its_status(mocked, client, s
         (leaky(requests.ConnectTimeout), f"could not connect to lich on port {PORT} in time"),
         (leaky(requests.ReadTimeout), "lich did not answer in time"),
         (leaky(requests.exceptions.ChunkedEncodingError), "lich's answer broke off"),
+        (leaky(urllib3.exceptions.ResponseNotChunked), "exchange with lich failed"),  # one requests lets through
+        (leaky(http.client.LineTooLong), "lich's answer was not HTTP"),
     ],
-    ids=["connection-error", "connect-timeout", "read-timeout", "broken-body"],
+    ids=["connection-error", "connect-timeout", "read-timeout", "broken-body", "urllib3-error", "http-client-error"],
 )
 def test_a_poll_that_fails_on_the_way_is_a_failed_poll_without_the_token(mocked, client, failure, phrase):
     mocked.get(POLL_URL, body=failure)
