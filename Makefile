@@ -30,7 +30,7 @@ demo: $(STAMP)
 run: $(STAMP)
 	$(VENV_PY) -m lich_control.dev.demo --run
 
-# Not part of make test (which runs it once with --smoke): about 4 minutes.
+# Not part of make test (which runs it once with --smoke): a minute or two.
 # It measures the daemon as `pip install .` deploys it: an editable install's
 # import hook alone adds ~40 ms to every start.
 bench:

@@ -41,14 +41,14 @@ class Acker:
     """Sends the acks of prompts and slash commands as they settle.
 
     Their futures settle on whatever thread delivered the session's answer;
-    `submit` only queues, so that thread never waits on lich. The queue, the
-    thread and its lich client are this object's alone.
+    `submit` only queues, so that thread never waits on lich. The queue and
+    the thread are this object's alone, and the lich client the thread's.
     """
 
     def __init__(self, client_factory: Callable[[], LichClient], activity: Activity):
-        self._client = client_factory()
+        self._client_factory = client_factory
         self._activity = activity
-        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._queue: "queue.Queue" = queue.Queue()  # unbounded: put never blocks
         self._thread = threading.Thread(target=self._run, name="lich-acker", daemon=True)
 
     def start(self) -> None:
@@ -64,12 +64,17 @@ class Acker:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        while True:
-            ack = self._queue.get()
-            if ack is _STOP:
-                self._client.close()
-                return
-            try:
-                send_ack(self._client, self._activity, ack)
-            except Exception:  # a bug here must not end the thread
-                log.exception("could not send the ack for %s", getattr(ack, "id", "?"))
+        client = self._client_factory()  # made here: the thread's own session
+        try:
+            while True:
+                ack = self._queue.get()
+                try:
+                    if ack is _STOP:
+                        return
+                    send_ack(client, self._activity, ack)
+                except Exception:  # a bug here must not end the thread
+                    log.exception("could not send the ack for %s", getattr(ack, "id", "?"))
+                finally:
+                    self._queue.task_done()
+        finally:
+            client.close()

@@ -1,7 +1,7 @@
 """Bridge: the session as the relay in Claude Code reaches it (bridge.md, protocol 1).
 
 Calls go out as JSON lines on stdout; results and events come back over the
-daemon's Unix socket (see `unixhttp`). The bridge matches results to calls
+daemon's Unix socket (see `unix_socket`). The bridge matches results to calls
 and nothing more: what a result means for lich is the worker's business.
 Its lock guards the pending calls and the stdout stream; any thread may call.
 """

@@ -1,28 +1,33 @@
-"""LichClient: the two HTTP exchanges with lich, and nothing else.
+"""LichClient: the two HTTP exchanges with lich, on `requests`, and nothing else.
 
-HTTP/1.1 on one keep-alive connection to loopback. It was `requests`, then
-`http.client`, until the benchmark measured them (docs/performance.md):
-`import requests` alone cost ~110 ms and ~14 MB of the daemon's 150 ms and
-30 MB budgets; `http.client` sent each ack in two writes and parsed every
-answer's headers with the email package. Here a request goes out in one
-write and the answer is read by a lean HTTP/1.1 reader (status line,
-Content-Length or chunked, Connection). A client is used by one thread
-only; `abandon` is the one call another thread may make.
+Each client owns one `requests.Session` and is used by one thread (the
+poller, the worker, the acker, each ask thread); `abandon` is the one call
+another thread may make. The session keeps one connection to loopback alive,
+reads no proxy or `.netrc` from the environment, never retries, and streams
+each answer so no more than its limit is ever read.
 
-Every error leaves here as a short phrase: no exception text of the network
-stack is ever passed on, so no URL, and so no token, reaches a log.
+Every error leaves here as a short phrase: the exception texts of `requests`
+and `urllib3` hold the URL, and so the token, and none of them is passed on.
 """
 from __future__ import annotations
 
 import errno
+import functools
+import http.client
 import json
-import select
 import socket
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 from urllib.parse import quote
 
-from . import __version__
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+from requests.structures import CaseInsensitiveDict
+from urllib3.connection import HTTPConnection
+from urllib3.connectionpool import HTTPConnectionPool
+
+from . import CONTRACT_RELEASE, __version__
 from .ack import Ack
 from .config import Config
 
@@ -32,10 +37,14 @@ POLL_TIMEOUT = (3.0, 28.0)
 ACK_TIMEOUT = (3.0, 10.0)
 MAX_POLL_BODY = 16 * 1024 * 1024
 MAX_ACK_ANSWER = 64 * 1024  # what is read of lich's answer to an ack (a reason)
-MAX_LINE = 65536  # a status line or a header line of lich's answer
-MAX_HEADERS = 100
-HEADERS = f"X-Lich-Plugin: {__version__}\r\nAccept: application/json\r\n"
-ACK_HEADERS = f"X-Lich-Plugin: {__version__}\r\nContent-Type: application/json\r\n"
+CHUNK = 64 * 1024
+HEADERS = {
+    "X-Lich-Plugin": CONTRACT_RELEASE,  # the contract we speak, which lich checks: not our version
+    "User-Agent": f"lich-control/{__version__}",
+    "Accept": "application/json",
+    # Loopback gains nothing from compression, and the limits are then on bytes read.
+    "Accept-Encoding": "identity",
+}
 
 
 class LichGone(Exception):
@@ -60,17 +69,25 @@ class _Failed(Exception):
 
 class LichClient:
     def __init__(self, config: Config):
-        token, sid = quote(config.token, safe=""), quote(config.session_id, safe="")
-        self._poll_path = f"/mod/commands?token={token}&session_id={sid}"
-        self._ack_path = f"/mod/acks?token={token}"
         self._port = config.port
-        self._conn: Optional["_Connection"] = None
-        self._sockets = _SocketWatch()
+        token, sid = quote(config.token, safe=""), quote(config.session_id, safe="")
+        base = f"http://127.0.0.1:{config.port}"
+        self._adapter = _CuttableAdapter()
+        self._session = _LichSession()
+        self._session.trust_env = False
+        self._session.headers = CaseInsensitiveDict(HEADERS)
+        self._session.mount("http://", self._adapter)
+        # Prepared once: every poll is the same request, and every ack differs
+        # only in its body.
+        self._poll = self._session.prepare_request(requests.Request("GET", f"{base}/mod/commands?token={token}&session_id={sid}"))
+        self._ack = self._session.prepare_request(
+            requests.Request("POST", f"{base}/mod/acks?token={token}", headers={"Content-Type": "application/json"})
+        )
 
     def poll(self) -> List[Any]:
         """One long poll: the commands lich answered with, oldest first."""
         try:
-            status, _, body = self._exchange("GET", self._poll_path, None, HEADERS, POLL_TIMEOUT, MAX_POLL_BODY)
+            status, _, body = self._exchange(self._poll, POLL_TIMEOUT, MAX_POLL_BODY)
         except _Failed as exc:
             raise PollFailed(str(exc)) from None
         if status == 404:
@@ -79,7 +96,9 @@ class LichClient:
             raise PollFailed(f"lich answered {status}")
         try:
             items = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
+            # ValueError covers bad JSON, bad UTF-8 and over-long integers;
+            # nesting deeper than the interpreter's stack is a RecursionError.
             raise PollFailed("lich answered 200 with a body that is not JSON") from None
         if not isinstance(items, list):
             raise PollFailed("lich answered 200 with JSON that is not an array")
@@ -87,9 +106,10 @@ class LichClient:
 
     def ack(self, ack: Ack) -> None:
         """Post one ack; AckFailed says why it did not land."""
-        body = ack.body()
+        request = self._ack.copy()
+        request.prepare_body(data=ack.body(), files=None)
         try:
-            status, reason, text = self._exchange("POST", self._ack_path, body, ACK_HEADERS, ACK_TIMEOUT, MAX_ACK_ANSWER)
+            status, reason, text = self._exchange(request, ACK_TIMEOUT, MAX_ACK_ANSWER)
         except _Failed as exc:
             raise AckFailed(str(exc)) from None
         if 200 <= status < 300:
@@ -99,189 +119,104 @@ class LichClient:
 
     def abandon(self) -> None:
         """Cut any request in flight from another thread (a parked poll at shutdown)."""
-        self._sockets.shut_all()
+        self._adapter.sockets.shut_all()
 
     def close(self) -> None:
-        self._drop()
+        self._session.close()
 
-    # -- one exchange on the kept-alive connection ---------------------------
-
-    def _exchange(self, method: str, path: str, body: Optional[bytes], headers: str, timeout: Tuple[float, float], limit: int):
-        """(status, reason, body) of one request. Never resent: a request
-        that failed may have reached lich, and a poll or an ack must not
-        be taken twice. A kept connection lich has closed meanwhile is
-        noticed before the request goes out, and replaced."""
-        conn = self._connection(timeout[0])
-        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{self._port}\r\n{headers}"
-        if body is not None:
-            head += f"Content-Length: {len(body)}\r\n"
+    def _exchange(self, request: requests.PreparedRequest, timeout: Tuple[float, float], limit: int):
+        """(status, reason, body) of one request, sent once: one that failed
+        may have reached lich, and a poll or an ack must not be taken twice.
+        A kept connection lich closed meanwhile is noticed by urllib3 before
+        the request goes out, and replaced."""
         try:
-            conn.timeout(timeout[1])
-            conn.sock.sendall((head + "\r\n").encode("latin-1") + (body or b""))  # one write
-            status, reason, data, will_close = conn.read_answer(limit)
-        except _Failed:
-            self._drop()
-            raise
-        except socket.timeout:
-            self._drop()
-            raise _Failed("lich did not answer in time") from None
-        except OSError as exc:
-            self._drop()
-            raise _Failed(_describe(exc)) from None
-        if will_close:
-            self._drop()
-        return status, reason, data
-
-    def _connection(self, connect_timeout: float) -> "_Connection":
-        if self._conn is not None and self._conn.closed_by_peer():
-            self._drop()
-        if self._conn is None:
+            response = self._session.send(request, stream=True, timeout=timeout, allow_redirects=False, proxies={})
             try:
-                sock = socket.create_connection(("127.0.0.1", self._port), timeout=connect_timeout)
-            except socket.timeout:
-                raise _Failed(f"could not connect to lich on port {self._port} in time") from None
-            except ConnectionRefusedError:
-                raise _Failed(f"nothing listens on port {self._port} (is lich running?)") from None
-            except OSError as exc:
-                raise _Failed(f"could not connect to lich on port {self._port} ({_errno_name(exc)})") from None
-            # Small requests go out at once: no wait on the peer's delayed ack.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sockets.add(sock)
-            self._conn = _Connection(sock, connect_timeout)
-        return self._conn
-
-    def _drop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+                body = _read_capped(response, limit)
+            finally:
+                response.close()  # a body left unread closes the connection, never reuses it
+        except _WIRE_ERRORS as exc:
+            raise _Failed(_describe(exc, self._port)) from None
+        return response.status_code, response.reason, body
 
 
-class _Connection:
-    """One kept-alive connection to lich and the reader of its answers."""
+# What a request can raise on the way or on a hostile answer: requests wraps
+# nearly all of it, and what it lets through of urllib3 and http.client is
+# still one failed exchange, never a dead poller.
+_WIRE_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
 
-    def __init__(self, sock: socket.socket, timeout: float):
-        self.sock = sock
-        self._timeout = timeout
-        self._rfile = sock.makefile("rb")
-        self._poller = select.poll()  # not select(): no limit on the descriptor's number
-        self._poller.register(sock, select.POLLIN)
 
-    def timeout(self, seconds: float) -> None:
-        if seconds != self._timeout:  # each settimeout is a system call
-            self.sock.settimeout(seconds)
-            self._timeout = seconds
+class _LichSession(requests.Session):
+    """A Session that never follows a redirect: lich sends none, and to
+    follow one `requests` would first read its whole body, past any limit."""
 
-    def closed_by_peer(self) -> bool:
-        """Something to read before we asked: lich closed the connection (or
-        broke the protocol); either way it is not to be reused."""
-        return self.sock.fileno() == -1 or bool(self._poller.poll(0))
+    def get_redirect_target(self, resp: requests.Response) -> Optional[str]:
+        return None
 
-    def read_answer(self, limit: int):
-        """(status, reason, body, will_close) of one answer; _Failed with a phrase."""
-        while True:
-            version, status, reason = self._status_line()
-            headers = self._headers()
-            if not 100 <= status < 200:
-                break  # an interim answer (100 Continue) is skipped, as http.client did
-        connection = headers.get("connection", "").lower()
-        will_close = connection == "close" or (version == "HTTP/1.0" and connection != "keep-alive")
-        if status in (204, 304):
-            return status, reason, b"", will_close
-        if headers.get("transfer-encoding", "").lower() == "chunked":
-            return status, reason, self._chunked(limit), will_close
-        length = headers.get("content-length")
-        if length is None:  # the body runs up to the close
-            return status, reason, self._read_capped(-1, limit), True
-        if not length.isdigit():
-            raise _Failed("lich's answer was not HTTP (a bad Content-Length)")
-        if int(length) > limit:
+
+def _read_capped(response: requests.Response, limit: int) -> bytes:
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _Failed(_too_large(limit))
+    chunks, size = [], 0
+    for chunk in response.iter_content(CHUNK):
+        size += len(chunk)
+        if size > limit:
             raise _Failed(_too_large(limit))
-        body = self._rfile.read(int(length))
-        if len(body) < int(length):
-            raise _Failed("lich's answer broke off")
-        return status, reason, body, will_close
-
-    def _status_line(self):
-        line = self._rfile.readline(MAX_LINE + 1)
-        if not line:
-            raise _Failed("the connection to lich broke")
-        parts = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or len(parts[1]) != 3 or not parts[1].isdigit():
-            raise _Failed("lich's answer was not HTTP (a bad status line)")
-        return parts[0], int(parts[1]), parts[2].strip() if len(parts) == 3 else ""
-
-    def _headers(self) -> dict:
-        headers = {}
-        for _ in range(MAX_HEADERS + 1):
-            line = self._rfile.readline(MAX_LINE + 1)
-            if len(line) > MAX_LINE:
-                raise _Failed("lich's answer was not HTTP (a header line is too long)")
-            if line in (b"\r\n", b"\n"):
-                return headers
-            if not line:
-                raise _Failed("lich's answer broke off")
-            name, colon, value = line.decode("latin-1").partition(":")
-            if colon:
-                headers[name.strip().lower()] = value.strip()
-        raise _Failed("lich's answer was not HTTP (too many header lines)")
-
-    def _chunked(self, limit: int) -> bytes:
-        parts, size = [], 0
-        while True:
-            line = self._rfile.readline(MAX_LINE + 1)
-            if not line:
-                raise _Failed("lich's answer broke off")
-            try:
-                n = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise _Failed("lich's answer was not HTTP (a bad chunk)") from None
-            if n == 0:
-                self._headers()  # trailers, up to the blank line
-                return b"".join(parts)
-            size += n
-            if size > limit:
-                raise _Failed(_too_large(limit))
-            parts.append(self._read_capped(n, n))
-            self._rfile.readline(MAX_LINE + 1)  # the chunk's line end
-
-    def _read_capped(self, n: int, limit: int) -> bytes:
-        """n bytes (-1: up to the close), at most `limit` of them."""
-        if n >= 0:
-            data = self._rfile.read(n)
-            if len(data) < n:
-                raise _Failed("lich's answer broke off")
-            return data
-        chunks, size = [], 0
-        while True:
-            chunk = self._rfile.read1(65536)
-            if not chunk:
-                return b"".join(chunks)
-            size += len(chunk)
-            if size > limit:
-                raise _Failed(_too_large(limit))
-            chunks.append(chunk)
-
-    def close(self) -> None:
-        self._rfile.close()
-        self.sock.close()
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _too_large(limit: int) -> str:
     return f"lich's answer is over {limit // (1024 * 1024)} MiB" if limit >= 1024 * 1024 else f"lich's answer is over {limit // 1024} KiB"
 
 
-def _describe(exc: OSError) -> str:
-    """A phrase for a failed exchange, never its text."""
-    if isinstance(exc, ConnectionResetError):
+def _describe(exc: BaseException, port: int) -> str:
+    """A phrase for a failed exchange, from the exception's type and causes, never its text."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return f"could not connect to lich on port {port} in time"
+    if isinstance(exc, requests.ReadTimeout):
+        return "lich did not answer in time"
+    causes = list(_causes(exc))
+    if any(isinstance(c, ConnectionRefusedError) for c in causes):
+        return f"nothing listens on port {port} (is lich running?)"
+    if any(type(c).__name__ == "NewConnectionError" for c in causes):
+        return f"could not connect to lich on port {port} ({_errno_name(causes)})"
+    if any(isinstance(c, ConnectionResetError) for c in causes):
         return "lich reset the connection"
-    if isinstance(exc, (BrokenPipeError, ConnectionAbortedError)):
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError) or any(isinstance(c, http.client.IncompleteRead) for c in causes):
+        return "lich's answer broke off"
+    if any(isinstance(c, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionAbortedError)) for c in causes):
         return "the connection to lich broke"
-    return f"the connection to lich broke ({_errno_name(exc)})"
+    if isinstance(exc, requests.exceptions.ContentDecodingError):
+        return "lich's answer could not be decoded"
+    if isinstance(exc, requests.exceptions.InvalidHeader) or any(isinstance(c, http.client.HTTPException) for c in causes):
+        return "lich's answer was not HTTP"
+    if any(isinstance(c, OSError) and c.errno for c in causes):
+        return f"the connection to lich broke ({_errno_name(causes)})"
+    return f"the exchange with lich failed ({type(causes[-1]).__name__})"
 
 
-def _errno_name(exc: BaseException) -> str:
-    code = getattr(exc, "errno", None)
-    return errno.errorcode.get(code, type(exc).__name__) if code else type(exc).__name__
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and what it wraps (urllib3 nests them in `reason`, args
+    and the cause chain), each once."""
+    seen: List[BaseException] = []
+    todo: List[Any] = [exc]
+    while todo and len(seen) < 32:
+        item = todo.pop(0)
+        if not isinstance(item, BaseException) or any(item is s for s in seen):
+            continue
+        seen.append(item)
+        yield item
+        todo += [getattr(item, "reason", None), item.__cause__, item.__context__, *item.args]
+
+
+def _errno_name(causes: List[BaseException]) -> str:
+    for cause in causes:
+        code = getattr(cause, "errno", None)
+        if isinstance(cause, OSError) and code:
+            return errno.errorcode.get(code, type(cause).__name__)
+    return type(causes[-1]).__name__
 
 
 def _one_line(text: str) -> str:
@@ -289,13 +224,16 @@ def _one_line(text: str) -> str:
     return line if len(line) <= 200 else line[:200] + "…"
 
 
+# -- cutting a parked request from another thread ------------------------------
+
+
 class _SocketWatch:
-    """The sockets of this client's open connections, so another thread can
+    """The sockets of one client's open connections, so another thread can
     cut a request that is parked in a blocking read."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._socks = []
+        self._socks: List[socket.socket] = []
         self._abandoned = False
 
     def add(self, sock: socket.socket) -> None:
@@ -316,3 +254,32 @@ class _SocketWatch:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+class _WatchedConnection(HTTPConnection):
+    """urllib3's connection, reporting each socket it opens to the watch."""
+
+    def __init__(self, *args: Any, sockets: _SocketWatch, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._watch = sockets
+
+    def connect(self) -> None:
+        super().connect()
+        self._watch.add(self.sock)
+
+
+class _WatchedPool(HTTPConnectionPool):
+    ConnectionCls = _WatchedConnection  # the pool hands its extra keywords (`sockets`) to it
+
+
+class _CuttableAdapter(HTTPAdapter):
+    """One kept-alive connection, no retries (the default, kept), and the
+    sockets of its connections remembered for `abandon`."""
+
+    def __init__(self):
+        self.sockets = _SocketWatch()
+        super().__init__(pool_connections=1, pool_maxsize=1)
+
+    def init_poolmanager(self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any) -> None:
+        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": functools.partial(_WatchedPool, sockets=self.sockets)}

@@ -59,23 +59,31 @@ def setup(token: str, level: Optional[str], log_path: Optional[str]) -> Callable
     root = logging.getLogger("lich_control")
     root.setLevel(chosen)
     root.propagate = False
+    # urllib3 names URLs, and so the token, in some of its records: its
+    # warnings come through the same redaction, and nothing of it below that.
+    wire = logging.getLogger("urllib3")
+    wire.setLevel(logging.WARNING)
+    wire.propagate = False
     err = logging.StreamHandler(sys.stderr)
     err.setLevel(logging.WARNING)
     err.setFormatter(logging.Formatter("lich-control: %(message)s"))
     handlers = [err]
     if log_path:
-        handler = PrivateRotatingFile(log_path, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8")
+        # backslashreplace: a lone surrogate lich sent in an id is logged, not a logging error.
+        handler = PrivateRotatingFile(log_path, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8", errors="backslashreplace")
         handler.setFormatter(logging.Formatter(FORMAT))
         handlers.append(handler)
     queue: "queue_module.SimpleQueue" = queue_module.SimpleQueue()
     front = logging.handlers.QueueHandler(queue)
     front.addFilter(Redact(token))  # before the record is formatted and queued
     root.addHandler(front)
+    wire.addHandler(front)
     listener = logging.handlers.QueueListener(queue, *handlers, respect_handler_level=True)
     listener.start()
 
     def stop() -> None:
         root.removeHandler(front)
+        wire.removeHandler(front)
         listener.stop()  # writes what is queued, then ends the thread
         for handler in handlers:
             handler.close()

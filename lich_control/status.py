@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable, Dict, Optional
 
-from . import __version__
+from . import CONTRACT_RELEASE, __version__
 from .engine import Overrides, Turns
 
 RECENT = 20
@@ -40,6 +40,7 @@ class Activity:
         self._ident = {
             "pid": os.getpid(),
             "version": __version__,
+            "contract_release": CONTRACT_RELEASE,
             "session_id": session_id,
             "engine": engine,
             "host": host,

@@ -5,8 +5,8 @@
 
 Daemons are found as sockets in the run folder (`config.run_dir`'s rules);
 a socket nothing answers on is reported as stale. Exit 0 when a daemon
-answered for what was asked, 1 otherwise. Standard library only: the
-socket is reached by an `HTTPConnection` whose `connect` dials AF_UNIX.
+answered for what was asked, 1 otherwise. The socket is reached with
+`unix_socket.UnixConnection`, the one client of a daemon's socket.
 """
 from __future__ import annotations
 
@@ -23,19 +23,9 @@ import attrs
 
 from . import __version__
 from .config import run_dir, session_path
+from .unix_socket import UnixConnection
 
 TIMEOUT = 2.0
-
-
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float = TIMEOUT):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
 
 
 @attrs.frozen
@@ -59,9 +49,7 @@ class Found:
 def ask(path: str, timeout: float = TIMEOUT) -> Found:
     conn = UnixConnection(path, timeout)
     try:
-        conn.request("GET", "/v1/status")
-        resp = conn.getresponse()
-        body = resp.read()
+        status, body = conn.exchange("GET", "/v1/status")
     except (ConnectionRefusedError, FileNotFoundError):
         return Found(path, stale="stale socket: nothing answers")
     except socket.timeout:
@@ -70,8 +58,8 @@ def ask(path: str, timeout: float = TIMEOUT) -> Found:
         return Found(path, stale=f"stale socket: {type(exc).__name__}")
     finally:
         conn.close()
-    if resp.status != 200:
-        return Found(path, stale=f"the socket answered {resp.status}")
+    if status != 200:
+        return Found(path, stale=f"the socket answered {status}")
     try:
         doc = json.loads(body)
     except ValueError:
@@ -206,7 +194,7 @@ def detail(f: Found, paint: Paint) -> List[str]:
     retry = f", next poll in {poll['retry_in_s']:g} s" if poll.get("retry_in_s") is not None else ""
     fields = [
         ["session", d["session_id"]],
-        ["pid", f"{d['pid']} ({d['engine']} engine{' in ' + d['host'] if d.get('host') else ''}, version {d['version']})"],
+        ["pid", f"{d['pid']} ({d['engine']} engine{' in ' + d['host'] if d.get('host') else ''}, version {d['version']}, contract {d.get('contract_release', '?')})"],
         ["state", state(s) + why + retry],
         ["last poll", f"sent {age(poll.get('last_poll_age_s'))}, last answered {age(poll['last_answer_age_s'])} ({poll['polls']} polls, {poll['failures']} failed)"],
         ["turn", s["turn"] or "none running"],

@@ -1,30 +1,37 @@
 """The daemon's Unix socket: HTTP/1.1 for the relay's results and events, and status.
 
-One thread accepts; each connection gets a thread that serves its requests
-while the relay keeps it alive. Nothing here wakes on a timer: the accept and
-the reads block until the relay speaks or `close` shuts the socket.
+Both ends are the standard library's. The server is `http.server` over
+`socketserver.ThreadingUnixStreamServer`: one thread accepts, each connection
+gets a thread that serves its requests while the relay keeps it alive.
+Nothing wakes on a timer: the accept and the reads block until the relay
+speaks or `close` shuts the socket. `UnixConnection` is the client every
+tool and test uses to reach a daemon's socket.
 """
 from __future__ import annotations
 
 import errno
-import http
+import http.client
 import json
 import logging
 import os
 import socket
+import socketserver
+import sys
 import threading
-from typing import Any, Callable, Optional
+from http.server import BaseHTTPRequestHandler
+from typing import Any, Callable, Optional, Tuple
 
 log = logging.getLogger("lich_control.socket")
 
 BACKLOG = 512  # a burst of results must never be refused (bridge.md: at least 128)
 MAX_BODY = 16 * 1024 * 1024
-MAX_LINE = 65536  # a request line or a header line
-MAX_HEADERS = 100
+# A request line and a header line are bounded by http.server (64 KiB) and
+# the number of header lines by http.client (100): both answer 414 or 431.
+ROUTES = ("/v1/result", "/v1/event", "/v1/status")
 
 
 class Routes:
-    """What the socket serves; each sink raises `BadMessage`-like errors with a reason."""
+    """What the socket serves; each sink raises `bad` with a reason for a body of the wrong shape."""
 
     def __init__(self, result: Callable[[Any], None], event: Callable[[Any], None], status: Callable[[], dict], bad: type):
         self.result, self.event, self.status, self.bad = result, event, status, bad
@@ -33,10 +40,8 @@ class Routes:
 class UnixHttpServer:
     def __init__(self, path: str, routes: Routes):
         self.path = path
-        self._routes = routes
-        self._sock: Optional[socket.socket] = None
-        self._thread = threading.Thread(target=self._accept, name="lich-socket", daemon=True)
-        self._closing = threading.Event()
+        self._server = _Server(path, routes)
+        self._thread = threading.Thread(target=self._serve, name="lich-socket", daemon=True)
 
     def listen(self) -> None:
         """Bind 0600 (a stale socket of an earlier daemon is replaced) and start accepting."""
@@ -44,178 +49,197 @@ class UnixHttpServer:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # no moment when the socket is open to others
         try:
-            sock.bind(self.path)
+            self._server.server_bind()
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
-        sock.listen(BACKLOG)
-        self._sock = sock
+        self._server.server_activate()
         self._thread.start()
 
     def close(self) -> None:
-        self._closing.set()
-        if self._sock is not None:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._sock.close()
+        self._server.closing.set()
+        try:
+            self._server.socket.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        except OSError:
+            pass
+        self._server.server_close()
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
 
-    def _accept(self) -> None:
-        while not self._closing.is_set():
+    def _serve(self) -> None:
+        # handle_request blocks until a connection comes (the server has no
+        # timeout), where serve_forever would wake twice a second to look
+        # for a shutdown request.
+        while not self._server.closing.is_set():
             try:
-                conn, _ = self._sock.accept()
-            except OSError as exc:
-                if self._closing.is_set():
+                self._server.handle_request()
+            except (OSError, ValueError):  # ValueError: the socket closed under the selector
+                if self._server.closing.is_set():
                     return
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    # Out of descriptors or memory: back off briefly, not spin.
-                    log.warning("accepting on %s failed: %s", self.path, exc.strerror)
-                    self._closing.wait(0.1)
-                    continue
-                if exc.errno == errno.ECONNABORTED:
-                    continue
-                log.error("the socket %s stopped accepting: %s", self.path, exc.strerror)
-                return
-            threading.Thread(target=self._serve, args=(conn,), name="lich-socket-conn", daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            _Handler(conn, self._routes).serve()
-        except OSError:
-            pass  # the relay hung up mid-request
-        except Exception:
-            log.exception("serving a connection on the socket failed")
-        finally:
-            try:
-                conn.close()
-            except OSError:
-                pass
+                raise
 
 
-class _Handler:
-    """One relay connection: its requests read and answered in turn while the
-    relay keeps it alive. A lean HTTP/1.1 reader: the benchmark measured
-    `BaseHTTPRequestHandler` at half the daemon's CPU per command in a burst
-    (its email-package header parser, a Date header per answer, several
-    writes); the relay sends a request line, a few headers and a JSON body."""
+class _Server(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+    block_on_close = False  # a relay's idle kept-alive connection must not hold the exit
+    request_queue_size = BACKLOG
 
-    def __init__(self, conn: socket.socket, routes: Routes):
-        self._sock = conn
-        self._rfile = conn.makefile("rb")
+    def __init__(self, path: str, routes: Routes):
+        super().__init__(path, _Handler, bind_and_activate=False)
         self.routes = routes
+        self.closing = threading.Event()
 
-    def serve(self) -> None:
+    def get_request(self) -> Tuple[socket.socket, Any]:
         try:
-            while self._one():
-                pass
-        finally:
-            self._rfile.close()
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # Out of descriptors or memory: the listener stays readable,
+                # so back off briefly instead of spinning on it.
+                log.warning("accepting on %s failed: %s", self.server_address, exc.strerror)
+                self.closing.wait(0.1)
+            raise  # handle_request drops this attempt and the loop goes on
 
-    def _one(self) -> bool:
-        """Read and answer one request; False once the connection is done."""
-        line = self._rfile.readline(MAX_LINE + 1)
-        while line in (b"\r\n", b"\n"):  # stray line ends between requests are ignored
-            line = self._rfile.readline(MAX_LINE + 1)
-        if not line:
-            return False  # the relay hung up
-        if len(line) > MAX_LINE:
-            return self._reply(414, b"the request line is too long\n", close=True)
-        parts = line.decode("latin-1").split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            return self._reply(400, b"not an HTTP/1.x request line\n", close=True)
-        method, target, version = parts
-        headers = {}
-        for _ in range(MAX_HEADERS + 1):
-            raw = self._rfile.readline(MAX_LINE + 1)
-            if len(raw) > MAX_LINE:
-                return self._reply(431, b"a header line is too long\n", close=True)
-            if raw in (b"\r\n", b"\n", b""):
-                break
-            name, colon, value = raw.decode("latin-1").partition(":")
-            if not colon:
-                return self._reply(400, b"a malformed header line\n", close=True)
-            headers[name.strip().lower()] = value.strip()
-        else:
-            return self._reply(431, b"too many header lines\n", close=True)
-        connection = headers.get("connection", "").lower()
-        close = connection == "close" or (version == "HTTP/1.0" and connection != "keep-alive")
-        has_body = headers.get("transfer-encoding", "").lower() == "chunked" or headers.get("content-length", "0") != "0"
-        route = target.split("?", 1)[0]
-        sink = {"/v1/result": self.routes.result, "/v1/event": self.routes.event}.get(route)
-        if method == "GET" and route == "/v1/status" and not has_body:
-            body = json.dumps(self.routes.status(), ensure_ascii=False).encode("utf-8", "backslashreplace")
-            return self._reply(200, body, close, "application/json")
-        if method != "POST" or sink is None:
-            # An unread body must not be taken for the next request.
-            if route in ("/v1/status", "/v1/result", "/v1/event"):
-                return self._reply(405, b"method not allowed\n", close or has_body)
-            return self._reply(404, b"no such path\n", close or has_body)
-        if headers.get("expect", "").lower() == "100-continue":
-            self._sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body, problem = self._body(headers)
-        if problem is not None:
-            return self._reply(problem[0], problem[1], close=True)
+    def process_request(self, request: socket.socket, client_address: Any) -> None:
+        # ThreadingMixIn's, with the thread named for what it does.
+        threading.Thread(target=self.process_request_thread, args=(request, client_address), name="lich-socket-conn", daemon=True).start()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A relay hanging up mid-request is its business; anything else is a bug.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            log.exception("serving a connection on the socket failed")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One relay connection: its requests answered in turn while it stays open."""
+
+    server: _Server
+    protocol_version = "HTTP/1.1"  # keep-alive
+    server_version = "lich-control"
+    sys_version = ""
+    wbufsize = -1  # an answer's head and body leave in one write, when the request is done
+    error_message_format = "%(message)s\n"  # the library's own refusals (400, 414, 431): one line of text
+    error_content_type = "text/plain; charset=utf-8"
+
+    def do_GET(self) -> None:
+        if self._route() == "/v1/status":
+            self._leave_body_unread()
+            body = json.dumps(self.server.routes.status(), ensure_ascii=False).encode("utf-8", "backslashreplace")
+            return self._reply(200, body, "application/json")
+        self._elsewhere()
+
+    def do_POST(self) -> None:
+        routes = self.server.routes
+        sink = {"/v1/result": routes.result, "/v1/event": routes.event}.get(self._route())
+        if sink is None:
+            return self._elsewhere()
+        body = self._body()
+        if body is None:
+            return
         try:
             doc = json.loads(body)
-        except ValueError:
-            return self._reply(400, b"the body is not JSON\n", close)
+        except (ValueError, RecursionError):
+            # ValueError: not JSON, not UTF-8, an over-long integer; nesting
+            # deeper than the interpreter's stack is a RecursionError.
+            return self._reply(400, b"the body is not JSON\n")
         try:
             sink(doc)
-        except self.routes.bad as exc:
-            return self._reply(400, f"{exc}\n".encode(), close)
-        return self._reply(204, b"", close)
+        except routes.bad as exc:
+            return self._reply(400, f"{exc}\n".encode("utf-8", "backslashreplace"))
+        except Exception:  # a bug: the relay still gets an answer, and the connection lives
+            log.exception("taking a message on %s failed", self._route())
+            return self._reply(500, b"the daemon failed to take it (see its log)\n")
+        self._reply(204, b"")
 
-    def _body(self, headers: dict):
-        """(body, None), or (None, (status, text)) when it cannot be read."""
-        if headers.get("transfer-encoding", "").lower() == "chunked":
-            return self._chunked()
-        length = headers.get("content-length")
-        if length is None or not length.isdigit():
-            return None, (411, b"a Content-Length is required\n")
+    def __getattr__(self, name: str):
+        # Any other method: 405 on our paths, 404 elsewhere (the contract),
+        # where the base class would answer 501.
+        if name.startswith("do_"):
+            return self._elsewhere
+        raise AttributeError(name)
+
+    def _route(self) -> str:
+        return self.path.split("?", 1)[0]
+
+    def _elsewhere(self) -> None:
+        self._leave_body_unread()
+        if self._route() in ROUTES:
+            return self._reply(405, b"method not allowed\n")
+        self._reply(404, b"no such path\n")
+
+    def _leave_body_unread(self) -> None:
+        # A body we do not read must not be taken for the next request.
+        if self.headers.get("Content-Length", "0") != "0" or "Transfer-Encoding" in self.headers:
+            self.close_connection = True
+
+    def _body(self) -> Optional[bytes]:
+        """The request's body, or None once a refusal is sent."""
+        length = self.headers.get("Content-Length")
+        if length is None or not (length.isascii() and length.isdigit()) or "Transfer-Encoding" in self.headers:
+            self.close_connection = True
+            self._reply(411, b"a Content-Length is required\n")
+            return None
         if int(length) > MAX_BODY:
-            return None, (413, b"the body is too large\n")
-        body = self._rfile.read(int(length))
+            self.close_connection = True  # the body is left unread
+            self._reply(413, b"the body is too large\n")
+            return None
+        body = self.rfile.read(int(length))
         if len(body) < int(length):
-            raise ConnectionResetError("the relay hung up mid-body")
-        return body, None
+            self.close_connection = True  # the relay hung up mid-body
+            return None
+        return body
 
-    def _chunked(self):
-        parts, size = [], 0
-        while True:
-            line = self._rfile.readline(1024).split(b";", 1)[0].strip()
-            try:
-                n = int(line, 16)
-            except ValueError:
-                n = -1
-            if n < 0:  # a negative size would read to the end of the stream
-                return None, (400, b"a malformed chunk\n")
-            if n == 0:
-                while self._rfile.readline(1024).strip():
-                    pass
-                return b"".join(parts), None
-            size += n
-            if size > MAX_BODY:
-                return None, (413, b"the body is too large\n")
-            parts.append(self._rfile.read(n))
-            self._rfile.readline(8)
-
-    def _reply(self, status: int, body: bytes, close: bool = False, content_type: str = "text/plain; charset=utf-8") -> bool:
-        """One write per answer; True while the connection stays open."""
-        head = [f"HTTP/1.1 {status} {_PHRASES.get(status, '')}", "Server: lich-control"]
+    def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(status)
         if status != 204:
-            head += [f"Content-Type: {content_type}", f"Content-Length: {len(body)}"]
-        if close:
-            head.append("Connection: close")
-        self._sock.sendall("\r\n".join(head).encode("latin-1") + b"\r\n\r\n" + (body if status != 204 else b""))
-        return not close
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if status != 204 and self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_request(self, code: Any = "-", size: Any = "-") -> None:
+        pass  # no line per request: results come in bursts
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.info("socket: " + format, *args)  # the library's own refusals; stderr is not ours to write
 
 
-_PHRASES = {status.value: status.phrase for status in http.HTTPStatus}
+class UnixConnection(http.client.HTTPConnection):
+    """An `http.client` connection to a daemon's Unix socket, kept alive
+    between requests: `connect` dials the socket, the library does the rest."""
+
+    def __init__(self, path: str, timeout: float = 10.0):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+    def exchange(self, method: str, url: str, body: Optional[bytes] = None, headers: Optional[dict] = None) -> Tuple[int, bytes]:
+        """(status, body) of one request on this connection."""
+        self.request(method, url, body=body, headers=headers or {})
+        response = self.getresponse()
+        return response.status, response.read()
+
+
+def unix_request(path: str, method: str, url: str, body: Optional[bytes] = None, headers: Optional[dict] = None, timeout: float = 10.0) -> Tuple[int, bytes]:
+    """One request on a connection of its own: (status, body)."""
+    conn = UnixConnection(path, timeout)
+    try:
+        return conn.exchange(method, url, body, headers)
+    finally:
+        conn.close()

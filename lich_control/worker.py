@@ -54,7 +54,7 @@ class Worker:
         self._activity = activity
         self._session_id = session_id
         self._quick_timeout = quick_timeout
-        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._queue: "queue.Queue" = queue.Queue()  # unbounded: put never blocks
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lich-worker", daemon=True)
         self._client: Optional[LichClient] = None
@@ -76,20 +76,28 @@ class Worker:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        self._client = self._client_factory()
-        while True:
-            command = self._queue.get()
-            if command is _STOP:
-                self._client.close()
-                return
-            if self._stopping.is_set():
-                self._activity.abandoned(command.id, "the daemon is stopping")
-                continue
-            try:
-                self._apply(command)
-            except Exception:  # a bug must cost one command, not the thread
-                log.exception("applying %s (%s) failed", command.id, command.kind)
-                self._ack_now(command, False, "the daemon failed to apply it (see its log)")
+        self._client = self._client_factory()  # made here: the thread's own session
+        try:
+            while True:
+                command = self._queue.get()
+                try:
+                    if command is _STOP:
+                        return
+                    self._take(command)
+                finally:
+                    self._queue.task_done()
+        finally:
+            self._client.close()
+
+    def _take(self, command: Command) -> None:
+        if self._stopping.is_set():
+            self._activity.abandoned(command.id, "the daemon is stopping")
+            return
+        try:
+            self._apply(command)
+        except Exception:  # a bug must cost one command, not the thread
+            log.exception("applying %s (%s) failed", command.id, command.kind)
+            self._ack_now(command, False, "the daemon failed to apply it (see its log)")
 
     def _apply(self, command: Command) -> None:
         if command.problem is not None:

@@ -10,14 +10,29 @@ from fakelich import FakeLich  # noqa: E402
 from relay import Relay  # noqa: E402
 
 
-# The token scan (test_secrets.py) reruns suites with its own token and a
-# folder to collect everything the daemons wrote.
-TOKEN = os.environ.get("LICH_TEST_TOKEN")
+# A token that would show in any form a URL gives it: every daemon the
+# `lich` fixture serves gets it, and test_secrets.py, run last, looks for it
+# in everything those daemons printed, wrote, or were started with.
+SCAN_TOKEN = "Zq7-lich/scan+token&x=1"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    # The token scan reads what the other tests' daemons left: it goes last.
+    items.sort(key=lambda item: item.nodeid.startswith("tests/test_secrets.py"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def daemon_traces(tmp_path_factory):
+    """The folder where every Relay leaves its daemon's streams and argv as it stops."""
+    folder = tmp_path_factory.mktemp("traces")
+    os.environ["LICH_TEST_SCAN_DIR"] = str(folder)
+    yield folder
+    os.environ.pop("LICH_TEST_SCAN_DIR", None)
 
 
 @pytest.fixture
 def lich():
-    server = FakeLich(token=TOKEN) if TOKEN else FakeLich()
+    server = FakeLich(token=SCAN_TOKEN)
     yield server
     server.close()
 

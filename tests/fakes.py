@@ -1,6 +1,7 @@
 """In-process stand-ins for the tests of one object at a time."""
 from __future__ import annotations
 
+import socket
 import threading
 from concurrent.futures import Future
 
@@ -99,3 +100,45 @@ class FakeEngine:
 
 def refused(reason="400 nope"):
     return AckFailed(f"lich refused it: {reason}", refused=True)
+
+
+class RawAnswer:
+    """A loopback port that answers every request with the same bytes,
+    whatever they are, then closes: what no HTTP server library would send.
+    `wait(n)` returns once n connections have been answered."""
+
+    def __init__(self, answer):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.answer = answer
+        self.answered = 0
+        self.cond = threading.Condition()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                try:
+                    conn.recv(65536)
+                    conn.sendall(self.answer)
+                    conn.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass  # the client gave up first (a parser refused the head)
+            with self.cond:
+                self.answered += 1
+                self.cond.notify_all()
+
+    def wait(self, n, timeout=10.0):
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.answered >= n, timeout), f"{self.answered} answered"
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        except OSError:
+            pass
+        self.sock.close()

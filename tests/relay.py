@@ -2,38 +2,16 @@
 its stdout read line by line, results and events posted over its Unix socket."""
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
 
+from lich_control.unix_socket import unix_request
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path, timeout=10.0):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
-
-
-def unix_request(path, method, url, body=None, headers=None, timeout=10.0):
-    conn = UnixConnection(path, timeout)
-    try:
-        data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-        conn.request(method, url, body=data, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 class Relay:
@@ -92,7 +70,8 @@ class Relay:
         return self.hello["socket"]
 
     def post(self, url, body):
-        return unix_request(self.socket, "POST", url, body, {"Content-Type": "application/json"})
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return unix_request(self.socket, "POST", url, data, {"Content-Type": "application/json"})
 
     def result(self, call_id, value=None, error=None):
         body = {"id": call_id, "ok": False, "error": error} if error is not None else {"id": call_id, "ok": True, "value": value}

@@ -7,7 +7,7 @@ import sys
 
 from relay import ROOT
 
-SECTIONS = ("startup", "dispatch", "ack", "burst", "ceiling", "asks", "idle", "scale")
+SECTIONS = ("startup", "floor", "dispatch", "ack", "burst", "asks", "idle", "scale")
 
 
 def test_the_smoke_benchmark_prints_the_table_and_the_json_with_every_section():
@@ -28,3 +28,6 @@ def test_the_smoke_benchmark_prints_the_table_and_the_json_with_every_section():
     for key, entry in doc["summary"].items():
         assert entry["median"] is not None, key
     assert doc["checks"]["burst_acks_in_order"] and doc["checks"]["scale_all_acked_ok"]
+    # Ack latency and burst rate are read against the floors of the same run.
+    assert doc["summary"]["ack_ms.p50"]["ratio_to"] == "floor.sum_ms" and doc["summary"]["ack_ms.p50"]["ratio"] > 0
+    assert doc["summary"]["burst.per_s"]["ratio_to"] == "floor.per_s" and doc["summary"]["burst.per_s"]["ratio"] > 0

@@ -3,7 +3,6 @@
 The test plays the relay (stdout lines in, results and events posted over the
 Unix socket) against FakeLich. Waits are condition waits with deadlines.
 """
-import json
 import os
 import stat
 import subprocess
@@ -11,7 +10,7 @@ import sys
 
 import pytest
 
-from lich_control import __version__
+from lich_control import CONTRACT_RELEASE, __version__
 from relay import ROOT, unix_request
 
 PROMPT = {"id": "m1", "kind": "prompt", "text": "run the tests"}
@@ -92,16 +91,18 @@ def test_the_log_level_is_settable(relay, lich, run_dir):
         assert "acked m12" not in f.read()
 
 
-def test_every_request_carries_the_plugin_header_and_the_token_in_the_url(relay, lich):
+def test_every_request_carries_the_contract_release_and_the_token_in_the_url(relay, lich):
     r = started(relay, lich)
     lich.send({"id": "m12", "kind": "rewind"})
     lich.wait_acks(1)
     _, query, headers = lich.polls[0]
-    assert headers["X-Lich-Plugin"] == __version__
+    assert headers["X-Lich-Plugin"] == CONTRACT_RELEASE
     assert query == {"token": [lich.token], "session_id": ["s1"]}
     _, body, ack_headers, ack_query = lich.acks[0]
-    assert ack_headers["X-Lich-Plugin"] == __version__ and ack_query == {"token": [lich.token]}
+    assert ack_headers["X-Lich-Plugin"] == CONTRACT_RELEASE and ack_query == {"token": [lich.token]}
     assert body == {"session_id": "s1", "id": "m12", "kind": "rewind", "ok": False, "error": "unknown kind"}
+    daemon = r.status()["daemon"]  # both versions, each for what it is
+    assert (daemon["version"], daemon["contract_release"]) == (__version__, CONTRACT_RELEASE)
 
 
 def test_a_prompt_is_submitted_and_acked_once_its_turn_starts(relay, lich):
@@ -297,12 +298,16 @@ def test_bad_items_are_reported_and_the_daemon_keeps_polling(relay, lich):
     assert "not a JSON object" in errors and "no id" in errors
 
 
-@pytest.mark.parametrize("body", [b"{", b"[1, 2]", b'{"id": "x"}', b'{"id": "x", "ok": "yes"}', b'{"id": "x", "ok": false}'])
+@pytest.mark.parametrize(
+    "body",
+    [b"{", b"[1, 2]", b'{"id": "x"}', b'{"id": "x", "ok": "yes"}', b'{"id": "x", "ok": false}', b"[" * 200_000, b'{"id": "\xff"}'],
+    ids=["cut", "array", "no-ok", "ok-not-bool", "no-error", "nested-too-deep", "not-utf8"],
+)
 def test_a_relay_result_of_the_wrong_shape_is_answered_400_with_a_reason(relay, lich, body):
     r = started(relay, lich)
     status, text = r.post("/v1/result", body)
     assert status == 400 and text.strip() and b"\n" not in text.strip()
-    assert r.proc.poll() is None
+    assert r.status()["daemon"]["pid"] == r.proc.pid  # the same daemon goes on answering
 
 
 def test_unknown_call_ids_and_events_are_taken_and_ignored(relay, lich):

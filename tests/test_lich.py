@@ -1,180 +1,219 @@
-"""LichClient against a real loopback server (FakeLich): what goes out, and
-how every kind of answer or failure comes back."""
+"""LichClient with mocked HTTP (responses): what every request carries, and
+what each class of answer or failure becomes. The token below would show in
+any text built from a URL: no error may carry it."""
+import http.client
 import json
-import socket
-import threading
+from urllib.parse import quote
 
 import pytest
+import requests
+import responses
+import urllib3
 
-from fakelich import Answer, FakeLich
-from lich_control import __version__, lich as lich_module
+from lich_control import CONTRACT_RELEASE, __version__
 from lich_control.ack import Ack
 from lich_control.config import Config
-from lich_control.lich import AckFailed, LichClient, LichGone, PollFailed, MAX_POLL_BODY
+from lich_control.lich import MAX_ACK_ANSWER, MAX_POLL_BODY, AckFailed, LichClient, LichGone, PollFailed
 
-TOKEN = "sekrit/+&token"
-
-
-@pytest.fixture
-def server():
-    fake = FakeLich(token=TOKEN, hold=5.0)
-    yield fake
-    fake.close()
+TOKEN = "sekrit/+&token=1"
+SESSION = "s 1/é?"
+PORT = 4312
+POLL_URL = f"http://127.0.0.1:{PORT}/mod/commands?token={quote(TOKEN, safe='')}&session_id={quote(SESSION, safe='')}"
+ACK_URL = f"http://127.0.0.1:{PORT}/mod/acks?token={quote(TOKEN, safe='')}"
 
 
 @pytest.fixture
-def client(server):
-    client = LichClient(Config(port=server.port, token=TOKEN, session_id="s 1", run_dir="/tmp/x"))
+def mocked():
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
+        yield rsps
+
+
+@pytest.fixture
+def client():
+    client = LichClient(Config(port=PORT, token=TOKEN, session_id=SESSION, run_dir="/tmp/x"))
     yield client
     client.close()
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def leaky(kind, url=POLL_URL):
+    """An exception as requests words it: the URL, and so the token, in its text."""
+    return kind(f"HTTPConnectionPool(host='127.0.0.1', port={PORT}): Max retries exceeded with url: {url}")
 
 
 def assert_safe(exc):
-    assert TOKEN not in str(exc) and "token" not in str(exc)
-    assert exc.__cause__ is None and exc.__suppress_context__
+    for form in (TOKEN, quote(TOKEN, safe=""), "token="):
+        assert form not in str(exc)
+    # Raised from no exception, or with the one it replaced hidden.
+    assert exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__)
 
 
-def test_poll_sends_token_session_and_plugin_header(server, client):
-    server.send({"id": "m1", "kind": "abort"})
-    assert client.poll() == [{"id": "m1", "kind": "abort"}]
-    _, query, headers = server.polls[0]
-    assert headers["X-Lich-Plugin"] == __version__
-    assert query["token"] == [TOKEN] and query["session_id"] == ["s 1"]
+# -- what goes out -------------------------------------------------------------
 
 
-def test_polls_reuse_one_connection_and_survive_lich_closing_it(server, client):
-    server.send({"id": "m1", "kind": "abort"})
+def test_a_poll_is_a_get_with_the_token_and_session_url_encoded(mocked, client):
+    mocked.get(POLL_URL, json=[])
     client.poll()
-    first = client._conn.sock
-    server.send({"id": "m2", "kind": "abort"})
+    sent = mocked.calls[0].request
+    assert sent.method == "GET" and sent.url == POLL_URL
+    assert sent.body is None
+
+
+def test_every_request_names_the_contract_release_not_the_package_version(mocked, client):
+    mocked.get(POLL_URL, json=[])
+    mocked.post(ACK_URL, status=204)
     client.poll()
-    assert client._conn.sock is first
-    first.shutdown(socket.SHUT_RDWR)  # as if lich closed the idle connection
-    server.send({"id": "m3", "kind": "abort"})
-    assert client.poll() == [{"id": "m3", "kind": "abort"}]
+    client.ack(Ack(SESSION, "m1", "abort", ok=True))
+    for call in mocked.calls:
+        assert call.request.headers["X-Lich-Plugin"] == CONTRACT_RELEASE == "0.16.0"
+        assert call.request.headers["X-Lich-Plugin"] != __version__
+        assert call.request.headers["Accept"] == "application/json"
+        assert call.request.headers["User-Agent"] == f"lich-control/{__version__}"
 
 
-def test_404_means_lich_predates_the_contract(server, client):
-    server.script(Answer(status=404, raw=b"no such path"))
-    with pytest.raises(LichGone):
+def test_an_ack_posts_its_json_body(mocked, client):
+    mocked.post(ACK_URL, status=204)
+    client.ack(Ack(SESSION, "m2", "effort", ok=False, error="unknown effort"))
+    sent = mocked.calls[0].request
+    assert sent.method == "POST" and sent.url == ACK_URL
+    assert sent.headers["Content-Type"] == "application/json"
+    assert json.loads(sent.body) == {"session_id": SESSION, "id": "m2", "kind": "effort", "ok": False, "error": "unknown effort"}
+    assert sent.headers["Content-Length"] == str(len(sent.body))
+
+
+def test_each_ack_carries_its_own_body(mocked, client):
+    mocked.post(ACK_URL, status=204)
+    client.ack(Ack(SESSION, "m1", "abort", ok=True))
+    client.ack(Ack(SESSION, "m2", "abort", ok=True))
+    assert [json.loads(c.request.body)["id"] for c in mocked.calls] == ["m1", "m2"]
+
+
+# -- poll answers ----------------------------------------------------------------
+
+
+def test_a_200_array_is_the_commands_oldest_first(mocked, client):
+    mocked.get(POLL_URL, json=[{"id": "m1", "kind": "abort"}, {"id": "m2", "kind": "abort"}])
+    assert [c["id"] for c in client.poll()] == ["m1", "m2"]
+
+
+@pytest.mark.parametrize(
+    "body, why",
+    [(b"{}", "not an array"), (b'"x"', "not an array"), (b"null", "not an array"), (b"{", "not JSON"), (b"", "not JSON"), (b"\xff[]", "not JSON")],
+)
+def test_a_200_that_is_not_a_json_array_is_a_failed_poll(mocked, client, body, why):
+    mocked.get(POLL_URL, body=body)
+    with pytest.raises(PollFailed, match=why) as caught:
+        client.poll()
+    assert_safe(caught.value)
+
+
+def test_a_404_means_lich_predates_the_contract(mocked, client):
+    mocked.get(POLL_URL, status=404, body="no such path")
+    with pytest.raises(LichGone, match="lich answered 404"):
         client.poll()
 
 
-@pytest.mark.parametrize("status", [500, 502, 503, 401, 400, 302, 204])
-def test_any_other_status_is_a_failed_poll(server, client, status):
-    server.script(Answer(status=status, raw=b""))
-    with pytest.raises(PollFailed, match=f"lich answered {status}"):
+@pytest.mark.parametrize("status", [204, 302, 400, 401, 403, 500, 502, 503])
+def test_any_other_status_is_a_failed_poll_named_by_its_status(mocked, client, status):
+    mocked.get(POLL_URL, status=status, body="" if status == 204 else f"reason for {status}", headers={"Location": "/elsewhere"} if status == 302 else {})
+    with pytest.raises(PollFailed, match=f"^lich answered {status}$") as caught:
         client.poll()
+    assert_safe(caught.value)
+    assert len(mocked.calls) == 1  # a redirect is not followed, nothing is resent
 
 
-@pytest.mark.parametrize("body, why", [("{}", "not an array"), ('"x"', "not an array"), ("{", "not JSON"), ("", "not JSON")])
-def test_a_200_that_is_not_a_json_array_is_a_failed_poll(server, client, body, why):
-    server.script(Answer(raw=body.encode()))
-    with pytest.raises(PollFailed, match=why):
+@pytest.mark.parametrize(
+    "failure, phrase",
+    [
+        (leaky(requests.ConnectionError), "exchange with lich failed"),
+        (leaky(requests.ConnectTimeout), f"could not connect to lich on port {PORT} in time"),
+        (leaky(requests.ReadTimeout), "lich did not answer in time"),
+        (leaky(requests.exceptions.ChunkedEncodingError), "lich's answer broke off"),
+        (leaky(urllib3.exceptions.ResponseNotChunked), "exchange with lich failed"),  # one requests lets through
+        (leaky(http.client.LineTooLong), "lich's answer was not HTTP"),
+    ],
+    ids=["connection-error", "connect-timeout", "read-timeout", "broken-body", "urllib3-error", "http-client-error"],
+)
+def test_a_poll_that_fails_on_the_way_is_a_failed_poll_without_the_token(mocked, client, failure, phrase):
+    mocked.get(POLL_URL, body=failure)
+    with pytest.raises(PollFailed, match=phrase) as caught:
         client.poll()
+    assert_safe(caught.value)
+    assert len(mocked.calls) == 1  # never retried
 
 
-def test_an_oversized_poll_body_is_a_failed_poll(server, client):
-    server.script(Answer(raw=b"[]", length=MAX_POLL_BODY + 10))
+def test_a_poll_body_over_the_limit_is_a_failed_poll(mocked, client):
+    mocked.get(POLL_URL, body=b"[" + b" " * MAX_POLL_BODY + b"]")
     with pytest.raises(PollFailed, match="over 16 MiB") as caught:
         client.poll()
     assert_safe(caught.value)
 
 
-def test_nothing_listening_is_a_failed_poll_that_names_the_port():
-    port = free_port()
-    client = LichClient(Config(port=port, token=TOKEN, session_id="s1", run_dir="/tmp/x"))
-    with pytest.raises(PollFailed, match=f"nothing listens on port {port}") as caught:
+def test_a_declared_length_over_the_limit_is_refused_before_reading(mocked, client):
+    mocked.get(POLL_URL, body=b"[]", headers={"Content-Length": str(MAX_POLL_BODY + 1)})
+    with pytest.raises(PollFailed, match="over 16 MiB"):
         client.poll()
-    assert_safe(caught.value)
 
 
-def test_a_poll_lich_does_not_answer_in_time_is_a_failed_poll(server, client, monkeypatch):
-    monkeypatch.setattr(lich_module, "POLL_TIMEOUT", (3.0, 0.2))
-    server.script(Answer(body=[], delay=2.0))
-    with pytest.raises(PollFailed, match="did not answer in time") as caught:
-        client.poll()
-    assert_safe(caught.value)
+# -- ack answers -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("answer, phrase", [(Answer(drop=True), "connection to lich broke|reset"), (Answer(body=[{"id": "m1"}], reset_mid_body=True), "broke off|reset")])
-def test_a_broken_answer_is_a_failed_poll_without_the_token(server, client, answer, phrase):
-    server.script(answer)
-    with pytest.raises(PollFailed, match=phrase) as caught:
-        client.poll()
-    assert_safe(caught.value)
+@pytest.mark.parametrize("status", [200, 202, 204])
+def test_a_2xx_ack_has_landed(mocked, client, status):
+    mocked.post(ACK_URL, status=status)
+    client.ack(Ack(SESSION, "m1", "abort", ok=True))
 
 
-def test_abandon_cuts_a_parked_poll_from_another_thread(server, client):
-    failed = []
-
-    def poll():
-        try:
-            client.poll()
-        except PollFailed as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=poll)
-    thread.start()
-    server.wait_parked()
-    client.abandon()
-    thread.join(5)
-    assert not thread.is_alive() and len(failed) == 1
-
-
-def test_ack_posts_the_json_body_with_the_plugin_header(server, client):
-    client.ack(Ack("s 1", "m2", "abort", ok=True))
-    _, body, headers, query = server.acks[0]
-    assert body == {"session_id": "s 1", "id": "m2", "kind": "abort", "ok": True}
-    assert headers["X-Lich-Plugin"] == __version__
-    assert headers["Content-Type"] == "application/json"
-    assert query["token"] == [TOKEN]
-
-
-def test_an_ack_lich_refuses_says_lichs_reason_and_is_marked_refused(server, client):
-    server.ack_status.append(400)
+@pytest.mark.parametrize("status", [400, 401, 404, 409])
+def test_a_4xx_ack_is_refused_with_lichs_reason(mocked, client, status):
+    mocked.post(ACK_URL, status=status, body="  unknown\n kind: rewind  ")
     with pytest.raises(AckFailed) as caught:
-        client.ack(Ack("s1", "m1", "prompt", ok=True))
+        client.ack(Ack(SESSION, "m1", "rewind", ok=False, error="unknown kind"))
     assert caught.value.refused
-    assert "400 refused: because the test said so" in str(caught.value)
+    assert str(caught.value) == f"lich refused it: {status} unknown kind: rewind"
 
 
-def test_an_ack_that_cannot_be_sent_says_why_without_the_token():
-    client = LichClient(Config(port=free_port(), token=TOKEN, session_id="s1", run_dir="/tmp/x"))
+def test_a_refusal_without_a_body_gives_the_status_reason(mocked, client):
+    mocked.post(ACK_URL, status=400, body="")
+    with pytest.raises(AckFailed, match="lich refused it: 400 Bad Request"):
+        client.ack(Ack(SESSION, "m1", "abort", ok=True))
+
+
+@pytest.mark.parametrize("status", [500, 502, 503])
+def test_a_5xx_ack_failed_but_was_not_refused(mocked, client, status):
+    mocked.post(ACK_URL, status=status, body="busy")
     with pytest.raises(AckFailed) as caught:
-        client.ack(Ack("s1", "m1", "prompt", ok=True))
+        client.ack(Ack(SESSION, "m1", "abort", ok=True))
+    assert not caught.value.refused
+
+
+@pytest.mark.parametrize(
+    "failure, phrase",
+    [
+        (leaky(requests.ConnectionError, ACK_URL), "exchange with lich failed"),
+        (leaky(requests.ReadTimeout, ACK_URL), "lich did not answer in time"),
+    ],
+)
+def test_an_ack_that_fails_on_the_way_says_why_without_the_token(mocked, client, failure, phrase):
+    mocked.post(ACK_URL, body=failure)
+    with pytest.raises(AckFailed, match=phrase) as caught:
+        client.ack(Ack(SESSION, "m1", "abort", ok=True))
     assert not caught.value.refused
     assert_safe(caught.value)
+    assert len(mocked.calls) == 1
 
 
-def test_a_5xx_ack_is_a_failure_not_a_refusal(server, client):
-    server.ack_status.append(503)
+def test_an_ack_answer_over_its_limit_is_not_read_whole(mocked, client):
+    mocked.post(ACK_URL, status=400, body=b"x" * (MAX_ACK_ANSWER + 1))
+    with pytest.raises(AckFailed, match="over 64 KiB"):
+        client.ack(Ack(SESSION, "m1", "abort", ok=True))
+
+
+def test_a_long_refusal_is_cut_to_one_short_line(mocked, client):
+    mocked.post(ACK_URL, status=400, body="why " * 200)
     with pytest.raises(AckFailed) as caught:
-        client.ack(Ack("s1", "m1", "prompt", ok=True))
-    assert not caught.value.refused
+        client.ack(Ack(SESSION, "m1", "abort", ok=True))
+    assert len(str(caught.value)) < 240 and str(caught.value).endswith("…")
 
 
 def test_the_config_repr_leaves_the_token_out():
     assert TOKEN not in repr(Config(port=1, token=TOKEN, session_id="s1", run_dir="/tmp/x"))
-
-
-def test_a_connection_opened_after_abandon_is_cut_at_once():
-    import socket as socket_module
-
-    from lich_control.lich import _SocketWatch
-
-    watch = _SocketWatch()
-    watch.shut_all()
-    left, right = socket_module.socketpair()
-    try:
-        watch.add(left)  # a poll that was already past its stop check
-        assert left.recv(1) == b""  # shut: a read sees the end at once instead of parking
-    finally:
-        left.close()
-        right.close()

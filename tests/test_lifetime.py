@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from relay import ROOT, Relay
+from relay import ROOT
 
 EXIT_WITHIN = 2.0
 

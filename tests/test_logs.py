@@ -70,3 +70,28 @@ def test_a_session_lock_admits_one_holder_and_is_removed_on_release(tmp_path):
     third = SessionLock(path)
     assert third.acquire(0)
     third.release()
+
+
+def test_urllib3s_warnings_are_redacted_and_its_debug_lines_never_written(tmp_path):
+    path = tmp_path / "s1.log"
+    stop = logs.setup(SECRET, "DEBUG", str(path))
+    try:
+        wire = logging.getLogger("urllib3.connectionpool")
+        wire.debug('http://127.0.0.1:1 "GET /mod/commands?token=%s HTTP/1.1" 200 2', SECRET)
+        wire.warning("Retrying after connection broken: /mod/commands?token=%s", SECRET)
+    finally:
+        stop()
+    written = path.read_text()
+    assert "Retrying after connection broken: /mod/commands?token=[token]" in written
+    assert "GET /mod/commands" not in written and SECRET not in written
+
+
+def test_a_lone_surrogate_is_logged_escaped(tmp_path, capfd):
+    path = tmp_path / "s1.log"
+    stop = logs.setup("tok-9x", "INFO", str(path))
+    try:
+        logging.getLogger("lich_control.test").info("lich sent %s again", "m\udc80")
+    finally:
+        stop()
+    assert "lich sent m\\udc80 again" in path.read_text()
+    assert "Logging error" not in capfd.readouterr().err

@@ -4,9 +4,9 @@ the real daemon, bridge and loopback HTTP over fewer."""
 import collections
 import itertools
 import json
-import threading
 
 import pytest
+import responses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +16,7 @@ from lich_control.asks import Asks
 from lich_control.commands import EFFORTS, KINDS, MAX_ID_CHARS
 from lich_control.config import Config
 from lich_control.engine import CallResult, Turns, resolved
-from lich_control.lich import LichClient, LichGone, PollFailed
+from lich_control.lich import LichClient
 from lich_control.poller import Poller
 from lich_control.worker import Worker
 
@@ -118,32 +118,48 @@ def test_every_item_with_an_id_gets_exactly_one_ack_in_process(rig, batch):
     assert rig.worker._thread.is_alive() and rig.acker._thread.is_alive()
 
 
-@pytest.fixture(scope="module")
-def scripted_lich():
-    from fakelich import FakeLich
-
-    server = FakeLich(hold=0.0)
-    yield server
-    server.close()
+def nested(depth):
+    return b"[" * depth + b"]" * depth
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()), status=st.sampled_from([200, 200, 200, 201, 302, 400, 404, 500, 503]))
-def test_a_poll_answer_is_commands_or_a_clear_failure_never_a_crash(scripted_lich, body, status):
-    from fakelich import Answer
+# Shapes a parser or a decoder raises on, beside plain bad bytes and JSON.
+hostile = st.one_of(
+    st.integers(1, 200_000).map(nested),  # deep enough to raise RecursionError past ~1,000
+    st.integers(1, 200_000).map(lambda n: b"[" * n),  # deep and unclosed
+    st.binary(max_size=40).map(lambda b: b'[{"id": "' + b + b'"}]'),  # invalid UTF-8 inside a string
+    st.sampled_from([rb'["\ud800"]', rb'[{"id": "\udfff", "kind": "abort"}]', b'["\xed\xa0\x80"]']),  # lone surrogates
+    st.integers(4000, 60_000).map(lambda n: b"[" + b"7" * n + b"]"),  # integers past the digit limit
+    st.sampled_from([b"[1e999999]", b"[-1e999999, NaN, Infinity]"]),
+    st.sampled_from([b'[{"id": "a", "id": "b", "kind": "abort", "kind": "model"}]']),  # duplicate keys
+)
+bodies = st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()) | hostile
 
-    scripted_lich.script(Answer(status=status, raw=body))
-    client = LichClient(Config(port=scripted_lich.port, token=scripted_lich.token, session_id="s1", run_dir="/tmp/x"))
+
+@settings(max_examples=300, deadline=None)
+@given(body=bodies, status=st.sampled_from([200, 200, 200, 201, 204, 302, 400, 404, 500, 503]))
+def test_a_poll_answer_is_commands_or_one_failed_poll_never_a_crash(body, status):
+    waits = []
+    activity = Activity("s1", "prop", Turns())
+    ordered, asks = [], []
+    client = LichClient(Config(port=4312, token="tok", session_id="s1", run_dir="/tmp/x"))
+    poller = Poller(client, ordered.append, asks.append, activity, wait=lambda d: waits.append(d) or False)
+    with responses.RequestsMock() as mocked:
+        mocked.get("http://127.0.0.1:4312/mod/commands", body=body, status=status)
+        going_on = poller.poll_once()
     try:
-        items = client.poll()
-    except LichGone:
-        assert status == 404
-    except PollFailed as exc:
-        assert str(exc).startswith("lich answered")
+        items = json.loads(body)
+    except (ValueError, RecursionError):
+        items = None
+    poll = activity.snapshot()["poll"]
+    if status == 404:
+        assert going_on is False and poll["state"] == "stopped"
+    elif status == 200 and isinstance(items, list):
+        assert going_on is True and waits == [] and poll["failures"] == 0
+        assert len(ordered) + len(asks) <= len(items)
     else:
-        assert status == 200 and isinstance(items, list) and items == json.loads(body)
-    finally:
-        client.close()
+        # One failed poll: backed off once, and polling goes on.
+        assert going_on is True and waits == [1.0] and poll["failures"] == 1
+        assert ordered == [] and asks == []
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ import { fileURLToPath } from 'node:url'
 import assert from 'node:assert/strict'
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..')
-const VERSION = JSON.parse(readFileSync(join(ROOT, '.claude-plugin', 'plugin.json'), 'utf8')).version
+// The contract release the daemon names in X-Lich-Plugin, from its one constant.
+const CONTRACT_RELEASE = /CONTRACT_RELEASE = "([^"]+)"/.exec(readFileSync(join(ROOT, 'lich_control', '__init__.py'), 'utf8'))[1]
 const TOKEN = 'e2e-secret-token-5f3a'
 const SESSION = 'card-e2e'
 const ASK = 'what are you working on?'
@@ -83,7 +84,7 @@ class FakeLich extends EventEmitter {
 
   #refusal(req, url) {
     if (url.searchParams.get('token') !== TOKEN) return 'wrong token'
-    if (req.headers['x-lich-plugin'] !== VERSION) return `X-Lich-Plugin ${req.headers['x-lich-plugin']}`
+    if (req.headers['x-lich-plugin'] !== CONTRACT_RELEASE) return `X-Lich-Plugin ${req.headers['x-lich-plugin']}`
     if (url.pathname === '/mod/commands' && url.searchParams.get('session_id') !== SESSION) return 'wrong session_id'
     return null
   }

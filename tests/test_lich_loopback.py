@@ -1,0 +1,172 @@
+"""LichClient over real loopback HTTP (FakeLich): what only a real socket
+proves -- the kept connection, its replacement, the cut from another thread,
+and the phrases for failures as urllib3 really nests them."""
+import socket
+import threading
+from urllib.parse import quote
+
+import pytest
+
+from fakelich import Answer, FakeLich
+from fakes import RawAnswer
+from lich_control import lich as lich_module
+from lich_control.ack import Ack
+from lich_control.config import Config
+from lich_control.lich import AckFailed, LichClient, PollFailed, _SocketWatch
+
+TOKEN = "sekrit/+&token=1"
+
+
+@pytest.fixture
+def server():
+    fake = FakeLich(token=TOKEN, hold=5.0)
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def client(server):
+    client = LichClient(Config(port=server.port, token=TOKEN, session_id="s 1", run_dir="/tmp/x"))
+    yield client
+    client.close()
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def assert_safe(exc):
+    for form in (TOKEN, quote(TOKEN, safe=""), "token="):
+        assert form not in str(exc)
+    # Raised from no exception, or with the one it replaced hidden.
+    assert exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__)
+
+
+def opened(client):
+    """Every socket the client has opened and not closed."""
+    return [s for s in client._adapter.sockets._socks if s.fileno() != -1]
+
+
+def test_polls_and_acks_share_one_kept_alive_connection(server, client):
+    for n in range(3):
+        server.send({"id": f"m{n}", "kind": "abort"})
+        client.poll()
+        client.ack(Ack("s 1", f"m{n}", "abort", ok=True))
+    assert len(opened(client)) == 1
+    assert len(server.polls) == 3 and len(server.acks) == 3
+
+
+def test_a_connection_lich_closed_is_replaced_before_the_request_goes_out(server, client):
+    server.send({"id": "m1", "kind": "abort"})
+    client.poll()
+    with server.cond:
+        kept = list(server.conns)
+    for conn in kept:
+        conn.shutdown(socket.SHUT_RDWR)  # lich closes the idle connection
+    server.send({"id": "m2", "kind": "abort"})
+    assert client.poll() == [{"id": "m2", "kind": "abort"}]
+    assert len(server.polls) == 2  # sent once, on a new connection: nothing failed, nothing resent
+
+
+def test_nothing_listening_is_a_failed_poll_that_names_the_port():
+    port = free_port()
+    client = LichClient(Config(port=port, token=TOKEN, session_id="s1", run_dir="/tmp/x"))
+    with pytest.raises(PollFailed, match=rf"^nothing listens on port {port} \(is lich running\?\)$") as caught:
+        client.poll()
+    assert_safe(caught.value)
+
+
+def test_an_ack_with_nothing_listening_says_why_and_is_not_a_refusal():
+    client = LichClient(Config(port=free_port(), token=TOKEN, session_id="s1", run_dir="/tmp/x"))
+    with pytest.raises(AckFailed, match="nothing listens") as caught:
+        client.ack(Ack("s1", "m1", "prompt", ok=True))
+    assert not caught.value.refused
+    assert_safe(caught.value)
+
+
+def test_a_poll_lich_does_not_answer_in_time_is_a_failed_poll(server, client, monkeypatch):
+    monkeypatch.setattr(lich_module, "POLL_TIMEOUT", (3.0, 0.2))
+    server.script(Answer(body=[], delay=2.0))
+    with pytest.raises(PollFailed, match="^lich did not answer in time$") as caught:
+        client.poll()
+    assert_safe(caught.value)
+
+
+@pytest.mark.parametrize(
+    "answer, phrase",
+    [
+        (Answer(drop=True), "^(the connection to lich broke|lich reset the connection)$"),
+        (Answer(body=[{"id": "m1"}], reset_mid_body=True), "^(lich's answer broke off|lich reset the connection)$"),
+        (Answer(raw=b'[{"id": "m1"}]', length=500), "^lich's answer broke off$"),
+    ],
+    ids=["dropped", "reset-mid-body", "truncated"],
+)
+def test_a_broken_answer_is_a_failed_poll_without_the_token(server, client, answer, phrase):
+    server.script(answer)
+    with pytest.raises(PollFailed, match=phrase) as caught:
+        client.poll()
+    assert_safe(caught.value)
+    assert len(server.polls) == 1  # not resent
+
+
+def test_abandon_cuts_a_parked_poll_from_another_thread(server, client):
+    failed = []
+
+    def poll():
+        try:
+            client.poll()
+        except PollFailed as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    server.wait_parked()
+    client.abandon()
+    thread.join(5)
+    assert not thread.is_alive() and len(failed) == 1
+
+
+def test_a_poll_after_abandon_is_cut_at_once(server, client):
+    client.abandon()
+    with pytest.raises(PollFailed):
+        client.poll()  # its new connection is shut as it opens: it cannot park
+
+
+def test_a_connection_opened_after_abandon_is_cut_at_once():
+    watch = _SocketWatch()
+    watch.shut_all()
+    left, right = socket.socketpair()
+    try:
+        watch.add(left)  # a poll that was already past its stop check
+        assert left.recv(1) == b""  # shut: a read sees the end at once instead of parking
+    finally:
+        left.close()
+        right.close()
+
+
+NOT_HTTP = {
+    "garbage": b"garbage\r\n\r\n",
+    "bad-status-code": b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\n[]",
+    "no-status-line": b"[]",
+    "too-many-headers": b"HTTP/1.1 200 OK\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(120)) + b"\r\n[]",
+    "header-too-long": b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n[]",
+    "two-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]",
+    "bad-chunk-size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n[]\r\n0\r\n\r\n",
+    "huge-chunk-size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffff\r\n[]\r\n0\r\n\r\n",
+    "bad-gzip": b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nabcd",
+}
+
+
+@pytest.mark.parametrize("answer", list(NOT_HTTP.values()), ids=list(NOT_HTTP))
+def test_an_answer_a_parser_refuses_is_a_failed_poll_never_an_escape(answer):
+    raw = RawAnswer(answer)
+    client = LichClient(Config(port=raw.port, token=TOKEN, session_id="s1", run_dir="/tmp/x"))
+    try:
+        with pytest.raises(PollFailed, match="^lich's answer (was not HTTP|broke off|could not be decoded)$") as caught:
+            client.poll()
+        assert_safe(caught.value)
+    finally:
+        client.close()
+        raw.close()
