@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 from concurrent.futures import Future
 
@@ -103,12 +104,14 @@ def refused(reason="400 nope"):
 
 
 class RawAnswer:
-    """A loopback port that answers every request with the same bytes,
+    """A loopback port that answers every connection with the same bytes,
     whatever they are, then closes: what no HTTP server library would send.
-    `wait(n)` returns once n connections have been answered."""
+    With `answer=None` it resets each connection at once, unread: a dead
+    lich's port, but one that counts the retries. `wait(n)` returns once n
+    connections have been answered."""
 
-    def __init__(self, answer):
-        self.sock = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, answer, port=0):
+        self.sock = socket.create_server(("127.0.0.1", port))
         self.port = self.sock.getsockname()[1]
         self.answer = answer
         self.answered = 0
@@ -123,9 +126,12 @@ class RawAnswer:
                 return  # closed
             with conn:
                 try:
-                    conn.recv(65536)
-                    conn.sendall(self.answer)
-                    conn.shutdown(socket.SHUT_WR)
+                    if self.answer is None:
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    else:
+                        conn.recv(65536)
+                        conn.sendall(self.answer)
+                        conn.shutdown(socket.SHUT_WR)
                 except OSError:
                     pass  # the client gave up first (a parser refused the head)
             with self.cond:
