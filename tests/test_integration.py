@@ -14,7 +14,7 @@ import pytest
 from lich_control import CONTRACT_RELEASE, __version__
 from lich_control.dev import procs
 from lich_control.dev.lich import AckAnswer, Answer
-from relay import unix_request
+from lich_control.unix_socket import unix_request
 
 PROMPT = {"id": "m1", "kind": "prompt", "text": "run the tests"}
 WAIT = 10.0

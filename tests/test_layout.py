@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from relay import ROOT
+from lich_control.dev.procs import ROOT
 
 PACKAGE = os.path.join(ROOT, "lich_control")
 
