@@ -202,10 +202,12 @@ def test_model_and_effort_set_and_drop_both_overrides_at_once(relay, lich):
 
 def test_an_unknown_effort_is_refused_without_reaching_the_relay(relay, lich):
     r = started(relay, lich)
-    send(lich, {"id": "m5", "kind": "effort", "effort": "ultra"}, {"id": "m12", "kind": "rewind"})
+    send(lich, {"id": "m5", "kind": "effort", "effort": "ultra"}, {"id": "m12", "kind": "rewind"}, {"id": "m3", "kind": "model", "model": "opus"})
+    # Calls go out in order on one stream: the first one is m3's, so neither before it made one.
+    call = r.next_call()
+    assert (call["method"], call["args"]) == ("overrides.set", {"model": "opus", "effort": None})
     assert lich.record.ack_for("m5")["error"] == "unknown effort"
     assert lich.record.ack_for("m12")["error"] == "unknown kind"
-    assert r.lines.empty()
 
 
 def test_an_ask_forks_behind_the_preamble_and_carries_the_answer(relay, lich):
