@@ -99,14 +99,6 @@ def test_an_abort_with_no_turn_running_says_so(rig):
     assert rig.engine.calls == []
 
 
-def test_an_abort_uses_the_turn_recorded_even_after_another_turn_ends(rig):
-    rig.turns.started("t1")
-    rig.turns.completed("sub-7")  # a subagent's turn
-    rig.send({"id": "m2", "kind": "abort"})
-    (call,) = rig.engine.wait_calls(1)
-    assert call[1] == ("t1",)
-
-
 def test_the_next_command_waits_for_the_abort_to_be_acked(rig):
     rig.turns.started("t1")
     rig.send({"id": "m2", "kind": "abort"}, {"id": "m3", "kind": "model", "model": "opus"})
