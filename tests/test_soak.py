@@ -6,6 +6,7 @@ import os
 import random
 
 from lich_control.asks import POOL_SIZE
+from lich_control.bench.procfs import proc_status
 from lich_control.dev.lich import AckAnswer
 
 TOTAL = 2000
@@ -13,12 +14,8 @@ BATCH = 50
 
 
 def proc_figures(pid):
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            fields[key] = value.split()
-    return {"rss_kib": int(fields["VmRSS"][0]), "threads": int(fields["Threads"][0]), "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+    status = proc_status(pid)
+    return {"rss_kib": int(status["VmRSS"].split()[0]), "threads": int(status["Threads"]), "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
 def commands(rng, start, n):
