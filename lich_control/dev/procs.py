@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Dict, Mapping, Optional
+from typing import Dict, Optional
 
 # The folder that holds the lich_control package: a child runs from the
 # checkout, whatever is installed.
@@ -20,14 +20,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 STOP_GRACE = 5.0
 
 
-def daemon_env(base: Optional[Mapping[str, str]] = None, **lich: str) -> Dict[str, str]:
-    """`base` (this process's environment unless given) without any `LICH_*`
-    of its own, plus `lich`, with the package importable from the checkout.
+def daemon_env(**lich: str) -> Dict[str, str]:
+    """This process's environment without any `LICH_*` of its own, plus
+    `lich`, with the package importable from the checkout.
 
     Scrubbed, because a tool run inside a lich session inherits that
     session's LICH_PORT, LICH_TOKEN and LICH_SESSION_ID: a child must see
     only the lich it was given."""
-    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("LICH_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
     env.update(lich)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return env
