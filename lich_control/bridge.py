@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from typing import Any, BinaryIO, Callable, Dict, Optional
 
 from . import __version__
-from .engine import CallResult, Overrides, Turns
+from .engine import CallResult, Overrides, Turns, resolved
 
 log = logging.getLogger("lich_control.bridge")
 
@@ -60,12 +60,11 @@ class Bridge:
         return self.call("overrides.set", {"model": overrides.model, "effort": overrides.effort})
 
     def call(self, method: str, args: dict) -> "Future[CallResult]":
-        future: "Future[CallResult]" = Future()
         with self._lock:
             if self._closed is not None:
-                future.set_result(CallResult.failed(self._closed))
-                return future
+                return resolved(CallResult.failed(self._closed))
             call_id = f"c{next(self._ids)}"
+            future: "Future[CallResult]" = Future()
             self._pending[call_id] = future
             ok = self._write_locked({"op": "call", "id": call_id, "method": method, "args": args})
         if not ok:

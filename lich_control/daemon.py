@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -54,6 +55,12 @@ class Daemon:
         self.engine = engine
         self.activity = activity
         self._stop = threading.Event()
+        # The main thread sleeps in select() on this pipe, never on a lock: a
+        # signal that lands just before a lock wait begins runs its handler
+        # only once the wait ends, which is never. The interpreter writes
+        # each signal's number here (set_wakeup_fd), request_stop a byte.
+        self._wake_r, self.wake_fd = os.pipe()
+        os.set_blocking(self.wake_fd, False)
         self.stop_reason: Optional[str] = None
         self.exit_code = 0
         factory = client_factory or (lambda: LichClient(config))
@@ -73,9 +80,22 @@ class Daemon:
         if self.stop_reason is None:
             self.stop_reason = reason
         self._stop.set()
+        try:
+            os.write(self.wake_fd, b"s")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        return self._stop.wait(timeout)
+        """The main thread's sleep: True once a stop was asked for, False if
+        `timeout` ran out first. A signal's handler runs as select returns."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._stop.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if select.select([self._wake_r], [], [], left)[0]:
+                os.read(self._wake_r, 512)
+        return True
 
     def shutdown(self, grace: float = STOP_GRACE) -> None:
         """Stop polling first (a parked poll is cut, never left to take
@@ -148,6 +168,7 @@ def run(config: Config, engine_name: str, parent: int, host: Optional[str] = Non
         routes = Routes(engine.result, engine.event, activity.snapshot, BadMessage)
 
     daemon = Daemon(config, engine, turns, activity)
+    signal.set_wakeup_fd(daemon.wake_fd, warn_on_full_buffer=False)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # The handler only records; the main thread does the stopping.
         signal.signal(sig, lambda signum, frame: daemon.request_stop(f"got {signal.Signals(signum).name}"))

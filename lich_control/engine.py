@@ -82,6 +82,7 @@ class Turns:
 
 
 def resolved(result: CallResult) -> "Future[CallResult]":
+    """A Future settled already: a call answered or refused before it went anywhere."""
     future: "Future[CallResult]" = Future()
     future.set_result(result)
     return future

@@ -6,7 +6,11 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fakelich import FakeLich  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+
+import requests  # noqa: E402
+
+from lich_control.dev.lich import StubLich  # noqa: E402
 from relay import Relay  # noqa: E402
 
 
@@ -32,9 +36,25 @@ def daemon_traces(tmp_path_factory):
 
 @pytest.fixture
 def lich():
-    server = FakeLich(token=SCAN_TOKEN)
+    """The development lich the daemon under test polls, as a lich newer than
+    the mod: it knows a kind `rewind`, which the daemon acks `unknown kind`."""
+    server = StubLich(token=SCAN_TOKEN, newer_kinds={"rewind": ()}).start()
     yield server
     server.close()
+
+
+@pytest.fixture
+def http():
+    """A requests session, for tests that speak to a lich themselves."""
+    with requests.Session() as session:
+        yield session
+
+
+@pytest.fixture
+def background():
+    """Threads for what a test must not block on (a held poll, a held ack)."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        yield pool
 
 
 @pytest.fixture

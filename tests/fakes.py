@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 from concurrent.futures import Future
 
@@ -9,16 +10,37 @@ from lich_control.engine import CallResult
 from lich_control.lich import AckFailed
 
 
+class Timeline:
+    """One ordered record of what the stand-ins were asked, each entry with
+    the name of the thread that asked: what happened on one thread, and in
+    which order, is read from it after the fact, with no window to time."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._entries = []
+
+    def note(self, what):
+        with self._lock:
+            self._entries.append((threading.current_thread().name, what))
+
+    @property
+    def entries(self):
+        with self._lock:
+            return list(self._entries)
+
+
 class ScriptedClient:
     """A LichClient whose polls follow a script and whose acks are recorded.
 
     Each script entry is a list (the poll's answer) or an exception to raise.
     Once the script runs out, a poll blocks until `abandon` (as a parked poll would).
+    An ack is noted on `timeline` as it returns: answered, as far as its sender knows.
     """
 
-    def __init__(self, script=(), ack_errors=()):
+    def __init__(self, script=(), ack_errors=(), timeline=None):
         self.script = list(script)
         self.ack_errors = list(ack_errors)
+        self.timeline = timeline or Timeline()
         self.acks = []
         self.polls = 0
         self.abandoned = threading.Event()
@@ -41,6 +63,7 @@ class ScriptedClient:
             error = self.ack_errors.pop(0) if self.ack_errors else None
             if error is None:
                 self.acks.append(ack)
+            self.timeline.note(f"acked {ack.id}" if error is None else f"ack failed {ack.id}")
             self.cond.notify_all()
         if error is not None:
             raise error
@@ -58,18 +81,21 @@ class ScriptedClient:
 
 
 class FakeEngine:
-    """Records every call and hands back a Future the test settles."""
+    """Records every call (and on `timeline`, the thread that made it) and
+    hands back a Future the test settles."""
 
     name = "fake"
 
-    def __init__(self):
+    def __init__(self, timeline=None):
         self.calls = []
         self.cond = threading.Condition()
+        self.timeline = timeline or Timeline()
 
     def _call(self, method, *args):
         future = Future()
         with self.cond:
             self.calls.append((method, args, future))
+            self.timeline.note(f"call {method}")
             self.cond.notify_all()
         return future
 
@@ -103,12 +129,14 @@ def refused(reason="400 nope"):
 
 
 class RawAnswer:
-    """A loopback port that answers every request with the same bytes,
+    """A loopback port that answers every connection with the same bytes,
     whatever they are, then closes: what no HTTP server library would send.
-    `wait(n)` returns once n connections have been answered."""
+    With `answer=None` it resets each connection at once, unread: a dead
+    lich's port, but one that counts the retries. `wait(n)` returns once n
+    connections have been answered."""
 
-    def __init__(self, answer):
-        self.sock = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, answer, port=0):
+        self.sock = socket.create_server(("127.0.0.1", port))
         self.port = self.sock.getsockname()[1]
         self.answer = answer
         self.answered = 0
@@ -123,9 +151,12 @@ class RawAnswer:
                 return  # closed
             with conn:
                 try:
-                    conn.recv(65536)
-                    conn.sendall(self.answer)
-                    conn.shutdown(socket.SHUT_WR)
+                    if self.answer is None:
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    else:
+                        conn.recv(65536)
+                        conn.sendall(self.answer)
+                        conn.shutdown(socket.SHUT_WR)
                 except OSError:
                     pass  # the client gave up first (a parser refused the head)
             with self.cond:

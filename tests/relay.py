@@ -8,25 +8,20 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 
+from lich_control.dev.procs import ROOT, daemon_env, stop
 from lich_control.unix_socket import unix_request
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Relay:
     """The daemon started the way the relay starts it, and the relay's half of the bridge."""
 
     def __init__(self, env, args=(), stdin=subprocess.PIPE):
-        full = dict(os.environ)
-        for name in ("LICH_PORT", "LICH_TOKEN", "LICH_SESSION_ID"):
-            full.pop(name, None)
-        full.update(env)
-        full["PYTHONPATH"] = ROOT + os.pathsep + full.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "lich_control.daemon", *args],
             cwd=ROOT,
-            env=full,
+            env=daemon_env(**env),
             stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -36,8 +31,9 @@ class Relay:
         self.lines = queue.Queue()
         self.stderr_lines = []
         self.hello = None
-        threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._readers = [threading.Thread(target=self._read_stdout, daemon=True), threading.Thread(target=self._read_stderr, daemon=True)]
+        for reader in self._readers:
+            reader.start()
 
     def _read_stdout(self):
         for raw in self.proc.stdout:
@@ -87,6 +83,17 @@ class Relay:
         assert status == 200, status
         return json.loads(body)
 
+    def wait_status(self, predicate, timeout=10.0):
+        """The status, once `predicate` holds for it. Nothing outside the daemon
+        marks the moment it records a change, so this re-asks, each read a
+        blocking round trip on the socket (no sleep), until a deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status()
+            if predicate(status):
+                return status
+            assert time.monotonic() < deadline, f"the status never matched: {status}"
+
     def autoanswer(self, fork_text="an answer"):
         """Answer every call at once, as a healthy session would; returns the calls seen."""
         seen = _Seen()
@@ -121,14 +128,11 @@ class Relay:
         return self.proc.wait(timeout)
 
     def stop(self):
+        """Stop the daemon, and leave what it printed for the token scan."""
+        stop(self.proc)
+        for reader in self._readers:
+            reader.join(5)  # its last lines: they end at the daemon's exit
         self._keep_for_scan()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream:
                 try:
@@ -136,17 +140,10 @@ class Relay:
                 except OSError:
                     pass
 
-
     def _keep_for_scan(self):
         folder = os.environ.get("LICH_TEST_SCAN_DIR")
         if not folder:
             return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
         name = os.path.join(folder, f"daemon-{self.proc.pid}")
         with open(name + ".stdout", "wb") as f:
             f.write(b"".join(self.stdout_raw))

@@ -1,21 +1,18 @@
 """The benchmark still runs: `--smoke` once, every section in the table and
 the JSON. Nothing here is about time; `make bench` is where figures live."""
 import json
-import os
 import subprocess
 import sys
 
-from relay import ROOT
+from lich_control.dev.procs import ROOT, daemon_env
 
 SECTIONS = ("startup", "floor", "dispatch", "ack", "burst", "asks", "idle", "scale")
 
 
 def test_the_smoke_benchmark_prints_the_table_and_the_json_with_every_section():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
-    env["PYTHONPATH"] = ROOT
     done = subprocess.run(
         [sys.executable, "-m", "lich_control.bench", "--smoke", "--quiet"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env=daemon_env(), capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr
     table, _, rest = done.stdout.partition("\n\n")

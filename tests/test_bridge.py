@@ -82,7 +82,11 @@ def test_a_result_of_the_wrong_shape_is_refused_with_a_reason(wire, doc, reason)
 
 def test_an_unknown_call_id_is_ignored(wire):
     bridge, _, _, _ = wire
-    bridge.result({"id": "c404", "ok": True, "value": None})  # no exception
+    waiting = bridge.submit_prompt("x")  # c1
+    bridge.result({"id": "c404", "ok": True, "value": None})
+    assert not waiting.done()  # it settled nothing
+    bridge.result({"id": "c1", "ok": True, "value": {"text": "x"}})
+    assert waiting.result(0).value == {"text": "x"}
 
 
 def test_events_move_the_recorded_turn(wire):

@@ -5,12 +5,11 @@ import re
 import subprocess
 import sys
 
-from relay import ROOT
+from lich_control.dev.procs import ROOT, daemon_env
 
 
 def test_the_demo_passes_shows_every_kind_and_leaves_nothing_behind():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
-    env["PYTHONPATH"] = ROOT
+    env = daemon_env()
     # Its own session: the demo and its daemon share this process group.
     proc = subprocess.Popen([sys.executable, "-m", "lich_control.dev.demo"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     group = proc.pid

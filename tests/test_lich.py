@@ -160,7 +160,8 @@ def test_a_declared_length_over_the_limit_is_refused_before_reading(mocked, clie
 @pytest.mark.parametrize("status", [200, 202, 204])
 def test_a_2xx_ack_has_landed(mocked, client, status):
     mocked.post(ACK_URL, status=status)
-    client.ack(Ack(SESSION, "m1", "abort", ok=True))
+    assert client.ack(Ack(SESSION, "m1", "abort", ok=True)) is None  # not an AckFailed, as a 4xx or 5xx is
+    assert [call.response.status_code for call in mocked.calls] == [status]  # sent once
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 409])

@@ -1,4 +1,4 @@
-"""LichClient over real loopback HTTP (FakeLich): what only a real socket
+"""LichClient over real loopback HTTP (the development lich): what only a real socket
 proves -- the kept connection, its replacement, the cut from another thread,
 and the phrases for failures as urllib3 really nests them."""
 import socket
@@ -7,26 +7,26 @@ from urllib.parse import quote
 
 import pytest
 
-from fakelich import Answer, FakeLich
 from fakes import RawAnswer
 from lich_control import lich as lich_module
 from lich_control.ack import Ack
 from lich_control.config import Config
+from lich_control.dev.lich import Answer, StubLich
 from lich_control.lich import AckFailed, LichClient, PollFailed, _SocketWatch
 
 TOKEN = "sekrit/+&token=1"
+SESSION = "s 1"
 
 
 @pytest.fixture
 def server():
-    fake = FakeLich(token=TOKEN, hold=5.0)
-    yield fake
-    fake.close()
+    with StubLich(token=TOKEN) as lich:
+        yield lich
 
 
 @pytest.fixture
 def client(server):
-    client = LichClient(Config(port=server.port, token=TOKEN, session_id="s 1", run_dir="/tmp/x"))
+    client = LichClient(Config(port=server.port, token=TOKEN, session_id=SESSION, run_dir="/tmp/x"))
     yield client
     client.close()
 
@@ -51,23 +51,23 @@ def opened(client):
 
 def test_polls_and_acks_share_one_kept_alive_connection(server, client):
     for n in range(3):
-        server.send({"id": f"m{n}", "kind": "abort"})
+        server.faults.deliver({"id": f"m{n}", "kind": "abort"})
         client.poll()
-        client.ack(Ack("s 1", f"m{n}", "abort", ok=True))
+        client.ack(Ack(SESSION, f"m{n}", "abort", ok=True))
     assert len(opened(client)) == 1
-    assert len(server.polls) == 3 and len(server.acks) == 3
+    assert len(server.record.polls) == 3 and [a.answer for a in server.record.acks] == [204] * 3
 
 
 def test_a_connection_lich_closed_is_replaced_before_the_request_goes_out(server, client):
-    server.send({"id": "m1", "kind": "abort"})
+    server.faults.deliver({"id": "m1", "kind": "abort"})
     client.poll()
-    with server.cond:
-        kept = list(server.conns)
-    for conn in kept:
-        conn.shutdown(socket.SHUT_RDWR)  # lich closes the idle connection
-    server.send({"id": "m2", "kind": "abort"})
+    [kept] = opened(client)
+    server.hang_up()  # lich closes the idle connection
+    server.faults.deliver({"id": "m2", "kind": "abort"})
     assert client.poll() == [{"id": "m2", "kind": "abort"}]
-    assert len(server.polls) == 2  # sent once, on a new connection: nothing failed, nothing resent
+    assert len(server.record.polls) == 2  # sent once: nothing failed, nothing resent
+    [new] = opened(client)
+    assert new is not kept and kept.fileno() == -1
 
 
 def test_nothing_listening_is_a_failed_poll_that_names_the_port():
@@ -88,7 +88,7 @@ def test_an_ack_with_nothing_listening_says_why_and_is_not_a_refusal():
 
 def test_a_poll_lich_does_not_answer_in_time_is_a_failed_poll(server, client, monkeypatch):
     monkeypatch.setattr(lich_module, "POLL_TIMEOUT", (3.0, 0.2))
-    server.script(Answer(body=[], delay=2.0))
+    server.faults.script(Answer(body=[], delay=2.0))
     with pytest.raises(PollFailed, match="^lich did not answer in time$") as caught:
         client.poll()
     assert_safe(caught.value)
@@ -104,11 +104,11 @@ def test_a_poll_lich_does_not_answer_in_time_is_a_failed_poll(server, client, mo
     ids=["dropped", "reset-mid-body", "truncated"],
 )
 def test_a_broken_answer_is_a_failed_poll_without_the_token(server, client, answer, phrase):
-    server.script(answer)
+    server.faults.script(answer)
     with pytest.raises(PollFailed, match=phrase) as caught:
         client.poll()
     assert_safe(caught.value)
-    assert len(server.polls) == 1  # not resent
+    assert len(server.record.polls) == 1  # not resent
 
 
 def test_abandon_cuts_a_parked_poll_from_another_thread(server, client):
@@ -122,7 +122,7 @@ def test_abandon_cuts_a_parked_poll_from_another_thread(server, client):
 
     thread = threading.Thread(target=poll)
     thread.start()
-    server.wait_parked()
+    assert server.wait_polled(SESSION, 5, parked=True)
     client.abandon()
     thread.join(5)
     assert not thread.is_alive() and len(failed) == 1

@@ -13,15 +13,21 @@ import time
 
 import pytest
 
-from relay import ROOT
+from lich_control.dev import procs
+from lich_control.dev.lich import NotPolling
 
 EXIT_WITHIN = 2.0
+WAIT = 10.0
+ROOT = procs.ROOT
 
 
 def env_for(daemon_env, **extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
-    env.update(daemon_env, PYTHONPATH=ROOT, **extra)
-    return env
+    return procs.daemon_env(**daemon_env, **extra)
+
+
+def parked(lich):
+    """Wait until the daemon holds a poll at lich."""
+    assert lich.wait_polled("s1", WAIT, parked=True)
 
 
 def read_until_eof(fd, timeout):
@@ -43,32 +49,32 @@ def read_until_eof(fd, timeout):
 def test_a_signal_stops_polling_removes_the_socket_and_exits_0(relay, lich, sig):
     r = relay()
     socket_path = r.wait_hello()["socket"]
-    lich.wait_parked()
+    parked(lich)
     began = time.monotonic()
     r.proc.send_signal(sig)
     assert r.wait_exit(5) == 0
     assert time.monotonic() - began < EXIT_WITHIN  # the parked poll was cut, not drained
     assert not os.path.exists(socket_path)
-    assert len(lich.polls) == 1
+    assert len(lich.record.polls) == 1
 
 
 def test_an_ack_already_being_sent_finishes_within_the_grace(relay, lich):
     r = relay()
     r.wait_hello()
-    lich.wait_parked()
-    lich.ack_gate.clear()
-    lich.send({"id": "m12", "kind": "rewind"})
-    lich.wait_for(lambda: lich.acks_arrived == 1, what="the ack to arrive")
+    parked(lich)
+    lich.faults.hold_acks()
+    lich.queue("s1", {"id": "m12", "kind": "rewind"})
+    lich.record.wait_acks(1)
     r.proc.send_signal(signal.SIGTERM)
-    lich.ack_gate.set()
+    lich.faults.release_acks()
     assert r.wait_exit(5) == 0
-    assert [b["id"] for b in lich.ack_bodies()] == ["m12"]
+    assert [(a.id, a.answer) for a in lich.record.acks] == [("m12", 204)]
 
 
 def test_closing_stdin_is_the_parent_going_away(relay, lich):
     r = relay()
     socket_path = r.wait_hello()["socket"]
-    lich.wait_parked()
+    parked(lich)
     r.proc.stdin.close()
     assert r.wait_exit(EXIT_WITHIN) == 0
     assert not os.path.exists(socket_path)
@@ -80,14 +86,12 @@ def test_closing_the_read_end_of_stdout_stops_the_daemon(daemon_env, lich):
     os.close(write_fd)
     try:
         hello = json.loads(os.read(read_fd, 65536))
-        lich.wait_parked()
+        parked(lich)
         os.close(read_fd)
         assert proc.wait(EXIT_WITHIN) == 0
         assert not os.path.exists(hello["socket"])
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        procs.stop(proc)
 
 
 PARENT = """
@@ -107,7 +111,7 @@ def test_a_daemon_whose_parent_is_killed_exits_within_2_s_and_polls_no_more(daem
     os.close(write_fd)
     hello = json.loads(os.read(read_fd, 65536))
     assert hello["pid"] == daemon_pid
-    lich.wait_parked()
+    parked(lich)
     parent.kill()
     parent.wait(5)
     killed = time.monotonic()
@@ -115,11 +119,12 @@ def test_a_daemon_whose_parent_is_killed_exits_within_2_s_and_polls_no_more(daem
     assert time.monotonic() - killed < EXIT_WITHIN
     os.close(read_fd)
     assert not os.path.exists(hello["socket"])
-    polls = len(lich.polls)
-    lich.send({"id": "m12", "kind": "rewind"})  # nobody must take this
-    with pytest.raises(AssertionError):
-        lich.wait_polls(polls + 1, timeout=1.0)
-    assert lich.acks == []
+    # EOF: the daemon is gone, and lich saw its held poll hang up with it:
+    # there is no mod left to take a command.
+    assert lich.wait_until("s1", lambda info: info.hung_up and not info.parked, WAIT)
+    with pytest.raises(NotPolling, match="hung up its last poll"):
+        lich.queue("s1", {"id": "m12", "kind": "rewind"})
+    assert lich.polled("s1").polls == 1 and lich.record.acks == []
     parent.stdin.close()
     parent.stdout.close()
 
@@ -127,26 +132,26 @@ def test_a_daemon_whose_parent_is_killed_exits_within_2_s_and_polls_no_more(daem
 def test_a_second_daemon_for_the_session_gives_up_with_one_clear_line(relay, lich, daemon_env):
     first = relay()
     first.wait_hello()
-    lich.wait_parked()
+    parked(lich)
     second = subprocess.run([sys.executable, "-m", "lich_control.daemon"], cwd=ROOT, env=env_for(daemon_env, LICH_CONTROL_LOCK_WAIT="0.5"), stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
     assert second.returncode == 1 and second.stdout == b""
     lines = second.stderr.decode().splitlines()
     assert lines == ["lich-control: another daemon is still polling for session s1; exiting"]
-    assert len(lich.polls) == 1  # only the first one ever polled
+    assert len(lich.record.polls) == 1  # only the first one ever polled
     assert first.proc.poll() is None and first.status()["daemon"]["pid"] == first.proc.pid
 
 
 def test_a_second_daemon_takes_over_once_the_first_has_gone(relay, lich):
     first = relay()
     first.wait_hello()
-    lich.wait_parked()
+    parked(lich)
     second = relay(env={"LICH_CONTROL_LOCK_WAIT": "20"})
-    polls_before = len(lich.polls)
+    polls_before = len(lich.record.polls)
     first.proc.terminate()
     assert first.wait_exit(5) == 0
     hello = second.wait_hello()  # only now: it waited for the lock
     assert hello["pid"] == second.proc.pid
-    lich.wait_polls(polls_before + 1)
+    lich.record.wait_polls(polls_before + 1)
     assert second.status()["daemon"]["pid"] == second.proc.pid
 
 
@@ -174,12 +179,12 @@ def test_the_exit_of_the_thread_that_spawned_the_daemon_is_not_the_parent_dying(
         int(parent.stdout.readline())
         os.close(write_fd)
         json.loads(os.read(read_fd, 65536))  # hello: the daemon has asked for the death signal
-        lich.wait_parked()
+        parked(lich)
         parent.stdin.write(b"go\n")
         parent.stdin.flush()
         assert parent.stdout.readline() == b"thread gone\n"
-        lich.send({"id": "m12", "kind": "rewind"})
-        assert lich.ack_for("m12")["error"] == "unknown kind"  # still alive and working
+        lich.queue("s1", {"id": "m12", "kind": "rewind"})
+        assert lich.record.ack_for("m12")["error"] == "unknown kind"  # still alive and working
         parent.kill()
         parent.wait(5)
         killed = time.monotonic()
@@ -198,11 +203,10 @@ def test_a_stdin_closed_from_the_start_is_not_taken_for_the_parent_leaving(daemo
     os.close(read_fd)
     try:
         json.loads(proc.stdout.readline())  # hello
-        lich.wait_parked()
-        lich.send({"id": "m12", "kind": "rewind"})
-        assert lich.ack_for("m12")["error"] == "unknown kind"
+        parked(lich)
+        lich.queue("s1", {"id": "m12", "kind": "rewind"})
+        assert lich.record.ack_for("m12")["error"] == "unknown kind"
         assert proc.poll() is None
     finally:
-        proc.terminate()
-        proc.wait(5)
+        procs.stop(proc)
         proc.stdout.close()

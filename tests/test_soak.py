@@ -4,21 +4,18 @@ may be acked twice."""
 import collections
 import os
 import random
-import time
 
 from lich_control.asks import POOL_SIZE
+from lich_control.bench.procfs import proc_status
+from lich_control.dev.lich import AckAnswer
 
 TOTAL = 2000
 BATCH = 50
 
 
 def proc_figures(pid):
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            fields[key] = value.split()
-    return {"rss_kib": int(fields["VmRSS"][0]), "threads": int(fields["Threads"][0]), "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+    status = proc_status(pid)
+    return {"rss_kib": int(status["VmRSS"].split()[0]), "threads": int(status["Threads"]), "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
 def commands(rng, start, n):
@@ -46,18 +43,16 @@ def test_a_soak_with_failing_acks_stays_flat_and_acks_each_command_at_most_once(
     r = relay()
     r.wait_hello()
     r.autoanswer(fork_text="a fairly long answer " * 50)
-    lich.wait_parked()
+    assert lich.wait_polled("s1", 10, parked=True)
     pid = r.proc.pid
+    # One in nine acks dropped unanswered; of the rest, one in eight refused or failed.
+    answers = [AckAnswer(drop=True)] * 2 + [AckAnswer()] * 14 + [AckAnswer(status=400), AckAnswer(status=500)]
 
     def run(start, n):
-        faults = [rng.choice([None] * 16 + ["drop", "drop"]) for _ in range(n)]
-        statuses = [rng.choice([204] * 14 + [400, 500]) for _ in range(n)]
-        with lich.cond:
-            lich.ack_faults.extend(faults)
-            lich.ack_status.extend(s for s, f in zip(statuses, faults) if f is None)
-        target = lich.acks_arrived + n
-        lich.send(*commands(rng, start, n))
-        lich.wait_for(lambda: lich.acks_arrived >= target, timeout=30, what=f"{n} ack attempts")
+        lich.faults.script_acks(*(rng.choice(answers) for _ in range(n)))
+        target = len(lich.record.acks) + n
+        lich.queue_all("s1", commands(rng, start, n))
+        lich.record.wait_for(lambda: len(lich.record.acks) >= target, timeout=30, what=f"{n} ack attempts")
 
     sent = 0
     while sent < 500:  # warm up: pools, caches, the allocator's arenas
@@ -72,7 +67,7 @@ def test_a_soak_with_failing_acks_stays_flat_and_acks_each_command_at_most_once(
             middle = proc_figures(pid)
     end = proc_figures(pid)
 
-    attempts = collections.Counter(lich.ack_ids_arrived)
+    attempts = collections.Counter(a.id for a in lich.record.acks)
     assert len(attempts) == TOTAL and max(attempts.values()) == 1  # each acked once, failures not resent
     assert end["rss_kib"] - warm["rss_kib"] < 4 * 1024, (warm, middle, end)
     assert end["rss_kib"] - middle["rss_kib"] < 2 * 1024, (warm, middle, end)
@@ -82,10 +77,6 @@ def test_a_soak_with_failing_acks_stays_flat_and_acks_each_command_at_most_once(
     # and 1,500 results would show as hundreds.
     assert (end["fds"] - end["threads"]) - (warm["fds"] - warm["threads"]) <= 6, (warm, end)
     assert r.proc.poll() is None
-    # lich counts an ack as it arrives, the daemon once lich has answered it:
-    # re-read the status (a socket round trip each) until the last is recorded.
-    deadline = time.monotonic() + 5
-    status = r.status()
-    while status["in_flight"] and time.monotonic() < deadline:
-        status = r.status()
-    assert status["in_flight"] == [] and len(status["recent"]) == 20 and len(status["errors"]) == 10
+    # lich records an ack as it arrives, the daemon once lich has answered it.
+    status = r.wait_status(lambda s: s["in_flight"] == [], timeout=5)
+    assert len(status["recent"]) == 20 and len(status["errors"]) == 10

@@ -1,8 +1,9 @@
-"""lich-mod-status against live daemons, one in each state, sharing one run folder.
+"""lich-mod-status against live daemons, one in each state, sharing one run
+folder and one development lich.
 
-- live: polling a development lich, one command acked;
-- backoff: its lich answered 500 (the second poll proves the backoff was recorded);
-- gone: its lich answered 404, so polling stopped;
+- live: polling, one command acked;
+- backoff: lich answered its first poll 500 (the second poll proves the backoff was recorded);
+- gone: lich answered its first poll 404, so polling stopped;
 - stale: a socket file nothing listens on.
 """
 import json
@@ -12,18 +13,18 @@ import time
 
 import pytest
 
-from fakelich import Answer, FakeLich
 from lich_control import status_cli as statuscli
-from lich_control.dev.lich import StubLich
+from lich_control.dev.lich import Answer, StubLich
 from relay import Relay
 
 WAIT = 10.0
 
 
 def status_when(path, predicate, timeout=WAIT):
-    """Read the daemon's status until `predicate` holds. Nothing outside the
-    daemon marks the moment it records a 404, so this re-asks, each read a
-    blocking round trip on the socket (no sleep), until a deadline."""
+    """Read the daemon's status with lich-mod-status's own client until
+    `predicate` holds. Nothing outside the daemon marks the moment it records
+    a 404, so this re-asks, each read a blocking round trip on the socket
+    (no sleep), until a deadline."""
     deadline = time.monotonic() + timeout
     while True:
         found = statuscli.ask(path)
@@ -35,34 +36,26 @@ def status_when(path, predicate, timeout=WAIT):
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     run_dir = str(tmp_path_factory.mktemp("st"))
-    stub, busy, old = StubLich().start(), FakeLich(), FakeLich()
-    busy.script(Answer(status=500))
-    old.script(Answer(status=404))
+    lich = StubLich().start()
+    lich.faults.script(Answer(status=500), session_id="backoff")
+    lich.faults.script(Answer(status=404), session_id="gone")
     daemons = []
-
-    def start(session, lich):
-        env = {"LICH_PORT": str(lich.port), "LICH_TOKEN": lich.token, "LICH_SESSION_ID": session, "LICH_CONTROL_RUN_DIR": run_dir}
-        daemons.append(Relay(env, args=("--engine", "sim")))
-
     try:
-        start("live", stub)
-        start("backoff", busy)
-        start("gone", old)
-        assert stub.wait_polled("live", WAIT)
-        assert stub.send("live", {"kind": "abort"}, WAIT).acked
-        busy.wait_polls(2)
-        old.wait_polls(1)
+        for session in ("live", "backoff", "gone"):
+            env = {"LICH_PORT": str(lich.port), "LICH_TOKEN": lich.token, "LICH_SESSION_ID": session, "LICH_CONTROL_RUN_DIR": run_dir}
+            daemons.append(Relay(env, args=("--engine", "sim")))
+        assert lich.wait_polled("live", WAIT)
+        assert lich.send("live", {"kind": "abort"}, WAIT).acked
+        assert lich.wait_polled("backoff", WAIT, more_than=1)
         status_when(os.path.join(run_dir, "gone.sock"), lambda s: s["poll"]["state"] == "stopped")
         stale = socket.socket(socket.AF_UNIX)
         stale.bind(os.path.join(run_dir, "stale.sock"))
         stale.close()  # bound, never listening: connecting is refused
-        yield run_dir, {"live": stub.token, "backoff": busy.token, "gone": old.token}
+        yield run_dir, lich.token
     finally:
         for daemon in daemons:
             daemon.stop()
-        stub.close()
-        busy.close()
-        old.close()
+        lich.close()
 
 
 @pytest.fixture
@@ -138,10 +131,9 @@ def test_the_detail_of_a_stopped_daemon_says_so(run):
 
 
 def test_no_output_carries_a_token(run, world):
-    _, tokens = world
+    _, token = world
     everything = "".join(run(*args)[1] for args in ((), ("--json",), ("live",), ("backoff",), ("gone",), ("live", "--json")))
-    for token in tokens.values():
-        assert token not in everything
+    assert token not in everything
 
 
 def test_a_stale_socket_asked_for_by_name_exits_1(run):

@@ -9,7 +9,6 @@ import json
 import logging
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -38,18 +37,6 @@ def clock():
 def lich(clock):
     with StubLich(clock=clock) as server:
         yield server
-
-
-@pytest.fixture
-def http():
-    with requests.Session() as session:
-        yield session
-
-
-@pytest.fixture
-def background():
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        yield pool
 
 
 def poll(http, lich, session_id="s1", token=None, plugin="0.16.0"):

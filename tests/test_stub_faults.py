@@ -7,7 +7,6 @@ held poll is released by a scripted answer, an ack by opening the gate.
 import json
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -22,18 +21,6 @@ WAIT = 5.0
 def lich():
     with StubLich() as server:
         yield server
-
-
-@pytest.fixture
-def http():
-    with requests.Session() as session:
-        yield session
-
-
-@pytest.fixture
-def background():
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        yield pool
 
 
 def poll(http, lich, session_id="s1", timeout=WAIT):

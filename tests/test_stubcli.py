@@ -4,6 +4,7 @@ The lich is in-process with its runtime file in the test's run folder, as
 `lich-stub serve` would write it; the daemon's turns last 60 s so a turn
 stays open until the test aborts it.
 """
+import contextlib
 import json
 import os
 import signal
@@ -14,11 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from lich_control.dev import procs
 from lich_control.dev.cli import RUNTIME_NAME, Target, control, describe_failure, parser, write_runtime
 from lich_control.dev.lich import StubLich
 from lich_control.dev.rules import PLUGIN_TOO_OLD
 from lich_control.dev.state import DELIVERED, ENDED, WITHDRAWN, Outcome
-from relay import ROOT, Relay
+from lich_control.dev.procs import ROOT
+from relay import Relay
 
 WAIT = 10.0
 
@@ -46,8 +49,7 @@ def world(tmp_path_factory):
 
 
 def cli(run_dir, *args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
-    env.update(LICH_CONTROL_RUN_DIR=run_dir, PYTHONPATH=ROOT)
+    env = procs.daemon_env(LICH_CONTROL_RUN_DIR=run_dir)
     return subprocess.run([sys.executable, "-m", "lich_control.dev.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
 
 
@@ -170,13 +172,28 @@ def test_without_a_running_serve_control_says_how_to_start_one(tmp_path):
     assert "no lich-stub serve is running" in done.stderr
 
 
-def test_serve_writes_a_private_runtime_file_and_removes_it_when_stopped(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
-    env.update(LICH_CONTROL_RUN_DIR=str(tmp_path), PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "lich_control.dev.cli", "serve"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@contextlib.contextmanager
+def serving(run_dir, *args):
+    """`lich-stub serve` as a subprocess, once it has printed its banner
+    (it listens, and its runtime file is written): (process, banner, readline),
+    where readline(stream) is one line of the process's, read within WAIT."""
+    proc = subprocess.Popen([sys.executable, "-m", "lich_control.dev.cli", "serve", *args], cwd=ROOT, env=procs.daemon_env(LICH_CONTROL_RUN_DIR=str(run_dir)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader = ThreadPoolExecutor(1)
+
+    def readline(stream):
+        return reader.submit(stream.readline).result(WAIT)
+
     try:
-        with ThreadPoolExecutor(1) as pool:
-            banner = pool.submit(proc.stdout.readline).result(WAIT)
+        yield proc, readline(proc.stdout), readline
+    finally:
+        procs.stop(proc)  # a read still waiting ends with the process's streams
+        reader.shutdown()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_serve_writes_a_private_runtime_file_and_removes_it_when_stopped(tmp_path):
+    with serving(tmp_path) as (proc, banner, _):
         path = tmp_path / RUNTIME_NAME
         assert "listening on 127.0.0.1:" in banner
         assert oct(path.stat().st_mode & 0o777) == "0o600"
@@ -185,34 +202,17 @@ def test_serve_writes_a_private_runtime_file_and_removes_it_when_stopped(tmp_pat
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(WAIT) == 0
         assert not path.exists()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(WAIT)
-        proc.stdout.close()
-        proc.stderr.close()
 
 
 def test_serve_warns_once_about_a_plugin_release_lich_would_flag(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
-    env.update(LICH_CONTROL_RUN_DIR=str(tmp_path), PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "lich_control.dev.cli", "serve", "--hold", "0"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            pool.submit(proc.stdout.readline).result(WAIT)  # the banner: it listens
-            doc = json.loads((tmp_path / RUNTIME_NAME).read_text())
-            url = f"http://127.0.0.1:{doc['port']}/mod/commands"
-            with requests.Session() as http:
-                for plugin in ("0.1.0", "0.1.0", "0.16.0"):
-                    assert http.get(url, params={"token": doc["token"], "session_id": "s1"}, headers={"X-Lich-Plugin": plugin}, timeout=WAIT).json() == []
-            warning = pool.submit(proc.stderr.readline).result(WAIT)
+    with serving(tmp_path, "--hold", "0") as (proc, _, readline):
+        doc = json.loads((tmp_path / RUNTIME_NAME).read_text())
+        url = f"http://127.0.0.1:{doc['port']}/mod/commands"
+        with requests.Session() as http:
+            for plugin in ("0.1.0", "0.1.0", "0.16.0"):
+                assert http.get(url, params={"token": doc["token"], "session_id": "s1"}, headers={"X-Lich-Plugin": plugin}, timeout=WAIT).json() == []
+        warning = readline(proc.stderr)
         assert warning.startswith("lich-stub: session s1: its mod names plugin release 0.1.0 in X-Lich-Plugin, outside the range")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(WAIT) == 0
         assert proc.stderr.read() == ""  # once: the repeat and the release in range said nothing
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(WAIT)
-        proc.stdout.close()
-        proc.stderr.close()

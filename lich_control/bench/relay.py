@@ -19,8 +19,9 @@ import time
 from typing import Callable, List, Optional
 
 from ..dev.lich import StubLich
+from ..dev.procs import ROOT, daemon_env, stop
 from ..unix_socket import UnixConnection
-from .common import CLOCK, ROOT, WAIT, BenchError, daemon_env
+from .common import CLOCK, WAIT, BenchError
 
 JSON = {"Content-Type": "application/json"}
 
@@ -120,12 +121,7 @@ class Relay:
             self.proc.terminate()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout)
+        stop(self.proc, timeout)
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 stream.close()

@@ -10,8 +10,9 @@ import threading
 from typing import Dict, List, Optional
 
 from ..dev.lich import StubLich
+from ..dev.procs import ROOT, daemon_env
 from ..unix_socket import UnixConnection
-from .common import CLOCK, ROOT, WAIT, BenchError, daemon_env, floor_figures
+from .common import CLOCK, WAIT, BenchError, floor_figures
 from .relay import JSON, Relay
 
 MODELS = ("claude-opus-4-1", "claude-sonnet-4-5")

@@ -32,12 +32,11 @@ from typing import List, Optional
 
 import attrs
 
-from .lich import Outcome, StubLich
 from .cli import RUNTIME_NAME, remove_runtime, write_runtime
+from .lich import Outcome, StubLich
+from .procs import ROOT, daemon_env, stop
 
 SESSION = "demo"
-# The folder that holds the lich_control package.
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Short so the walk-through stays well under 30 s, long enough to abort a turn.
 DEMO_TIMINGS = {"LICH_SIM_TURN_SECONDS": "1.2", "LICH_SIM_STEPS": "3", "LICH_SIM_FORK_SECONDS": "0.5"}
 RUN_TIMINGS = {"LICH_SIM_TURN_SECONDS": "8", "LICH_SIM_STEPS": "4", "LICH_SIM_FORK_SECONDS": "2"}
@@ -116,21 +115,18 @@ class Demo:
         # A lich newer than the mod: it knows a kind the mod does not, to show that ack.
         self.lich = StubLich(newer_kinds={"rewind": ("to",)}).start()
         self.runtime_file = os.path.join(self.run_dir, RUNTIME_NAME)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
-        env.update(timings)
-        env.update(
+        self.env = daemon_env(
+            **timings,
             LICH_PORT=str(self.lich.port),
             LICH_TOKEN=self.lich.token,
             LICH_SESSION_ID=SESSION,
             LICH_CONTROL_RUN_DIR=self.run_dir,
-            PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""),
         )
-        self.env = env
         # stdin stays a pipe: if this process dies, the daemon sees it close and stops.
         self.daemon = subprocess.Popen(
             [sys.executable, "-m", "lich_control.daemon", "--engine", "sim"],
             cwd=ROOT,
-            env=env,
+            env=self.env,
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -194,13 +190,7 @@ class Demo:
     def close(self) -> None:
         """Stop the daemon (SIGTERM, then SIGKILL), the lich, and remove the run folder."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if self.daemon.poll() is None:
-            self.daemon.terminate()
-            try:
-                self.daemon.wait(5)
-            except subprocess.TimeoutExpired:
-                self.daemon.kill()
-                self.daemon.wait(5)
+        stop(self.daemon)
         self.daemon.stdin.close()
         self.session.join(2)
         self.daemon.stderr.close()

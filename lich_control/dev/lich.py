@@ -23,6 +23,7 @@ In-process use (the demo, the tests, the benchmark)::
         lich.acks_received                      # every valid ack, counted (benchmarks)
         lich.on_poll = lambda session_id: ...   # benchmark hooks, called on the connection
         lich.on_ack = lambda doc: ...           #   thread as a poll arrives / a valid ack lands
+        lich.hang_up()                          # every connection closed, as an idle timeout does
         lich.kill()                             # as if lich died: every connection reset
 
 `queue` refuses (`Refused`, lich's reason in lich's words: rules.py) what
@@ -163,13 +164,15 @@ class StubLich:
         if self._thread.is_alive():
             self._server.shutdown()
         self._server.server_close()
-        for conn in conns:
-            try:
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_LINGER)
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # its own thread closed it first
+        _cut(conns, reset=True)
         self._hangups.close()
+
+    def hang_up(self) -> None:
+        """Close every open connection from lich's side, as a server's idle
+        timeout does: a client that keeps connections must open a new one."""
+        with self._cond:
+            conns = list(self._conns)
+        _cut(conns, reset=False)
 
     def __enter__(self) -> "StubLich":
         return self.start()
@@ -371,3 +374,14 @@ class StubLich:
 
     def _check(self, token: Optional[str]) -> bool:
         return token is not None and hmac.compare_digest(token.encode(), self.token.encode())
+
+
+def _cut(conns: Iterable[socket.socket], reset: bool) -> None:
+    """End connections another thread serves: with a FIN, or a TCP reset."""
+    for conn in conns:
+        try:
+            if reset:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_LINGER)
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # its own thread closed it first

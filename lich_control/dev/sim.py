@@ -84,15 +84,13 @@ class SimEngine:
         return self._enqueue("command", (name, args))
 
     def abort_turn(self, turn_id: str) -> "Future[CallResult]":
-        future: "Future[CallResult]" = Future()
         with self._cond:
             if self._closed is not None:
-                future.set_result(CallResult.failed(self._closed))
-                return future
+                return resolved(CallResult.failed(self._closed))
             if self._turn is None or self._turn.id != turn_id:
                 running = self._turn.id if self._turn else "none"
-                future.set_result(CallResult.failed(f"{turn_id} is not the running turn (running: {running})"))
-                return future
+                return resolved(CallResult.failed(f"{turn_id} is not the running turn (running: {running})"))
+            future: "Future[CallResult]" = Future()
             self._turn.aborts.append(future)
             self._cond.notify()
         return future
@@ -106,10 +104,9 @@ class SimEngine:
         return resolved(CallResult.answered(None))
 
     def fork(self, prompt: str) -> "Future[CallResult]":
-        future: "Future[CallResult]" = Future()
         if self._closed is not None:
-            future.set_result(CallResult.failed(self._closed))
-            return future
+            return resolved(CallResult.failed(self._closed))
+        future: "Future[CallResult]" = Future()
         failure = next((reason for reason in FORK_FAILURES if f"fail:{reason}" in prompt), None)
         question = prompt.rsplit("Question: ", 1)[-1]
         self._report(f"fork started for {_short(question)!r}")
@@ -147,11 +144,10 @@ class SimEngine:
     # -- the session's own thread ----------------------------------------
 
     def _enqueue(self, kind: str, payload: tuple) -> "Future[CallResult]":
-        future: "Future[CallResult]" = Future()
         with self._cond:
             if self._closed is not None:
-                future.set_result(CallResult.failed(self._closed))
-                return future
+                return resolved(CallResult.failed(self._closed))
+            future: "Future[CallResult]" = Future()
             self._waiting.append((kind, payload, future))
             self._cond.notify()
             # Read under the lock: the session's thread may end the turn meanwhile.
