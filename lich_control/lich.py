@@ -156,7 +156,8 @@ class _LichSession(requests.Session):
 
 def _read_capped(response: requests.Response, limit: int) -> bytes:
     declared = response.headers.get("Content-Length", "")
-    if declared.isdigit() and int(declared) > limit:
+    # isascii: headers arrive as Latin-1, and "²" is a digit to isdigit but not to int.
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise _Failed(_too_large(limit))
     chunks, size = [], 0
     for chunk in response.iter_content(CHUNK):

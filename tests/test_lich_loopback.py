@@ -170,3 +170,19 @@ def test_an_answer_a_parser_refuses_is_a_failed_poll_never_an_escape(answer):
     finally:
         client.close()
         raw.close()
+
+
+def test_a_content_length_of_latin_1_digits_is_read_past_not_an_escape():
+    # "\xb2" is "²" once decoded: a digit to str.isdigit, not to int(). Both
+    # parsers below ignore such a length and read to the end; so must we.
+    raw = RawAnswer(b"HTTP/1.1 400 Bad Request\r\nContent-Length: \xb2\r\n\r\nnope")
+    client = LichClient(Config(port=raw.port, token=TOKEN, session_id="s1", run_dir="/tmp/x"))
+    try:
+        with pytest.raises(PollFailed, match="^lich answered 400$"):
+            client.poll()
+        with pytest.raises(AckFailed, match="^lich refused it: 400 nope$") as caught:
+            client.ack(Ack("s1", "m1", "abort", ok=True))
+        assert caught.value.refused
+    finally:
+        client.close()
+        raw.close()
