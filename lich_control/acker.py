@@ -29,6 +29,12 @@ def send_ack(client: LichClient, activity: Activity, ack: Ack) -> bool:
             log.warning("dropped the ack for %s (%s): %s", ack.id, ack.kind, exc)
         activity.acked(ack.id, ack.kind, ack.ok, ack.error, sent=str(exc))
         return False
+    except Exception:
+        # A bug, not lich: the ack may have gone out, so it is not sent again,
+        # and the caller (the worker's own catch-all among them) goes on.
+        log.exception("sending the ack for %s (%s) failed", ack.id, ack.kind)
+        activity.acked(ack.id, ack.kind, ack.ok, ack.error, sent="the daemon failed to send it (see its log)")
+        return False
     log.info("acked %s (%s): %s", ack.id, ack.kind, "ok" if ack.ok else f"failed: {ack.error}")
     activity.acked(ack.id, ack.kind, ack.ok, ack.error, sent=None)
     return True

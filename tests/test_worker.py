@@ -163,6 +163,18 @@ def test_an_ack_that_cannot_be_sent_is_dropped_and_the_next_command_runs():
         rig.close()
 
 
+def test_an_ack_that_fails_unexpectedly_is_not_sent_twice_and_the_worker_lives():
+    rig = Rig(ack_errors=[RuntimeError("a bug in the client"), RuntimeError("and again")])
+    try:
+        rig.send({"id": "m12", "kind": "rewind"}, {"id": "m13", "kind": "rewind"}, {"id": "m14", "kind": "rewind"})
+        assert rig.acks(1) == [("m14", False, "unknown kind")]
+        acks = [what for _, what in rig.timeline.entries if what.startswith("ack")]
+        assert acks == ["ack failed m12", "ack failed m13", "acked m14"]  # one attempt each
+        assert rig.activity.snapshot()["counts"]["rewind"]["unsent"] == 2
+    finally:
+        rig.close()
+
+
 def test_a_quick_call_that_never_answers_fails_with_a_clear_error():
     rig = Rig(quick_timeout=0.05)
     try:
