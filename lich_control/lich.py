@@ -71,7 +71,7 @@ class LichClient:
     def __init__(self, config: Config):
         self._port = config.port
         token, sid = quote(config.token, safe=""), quote(config.session_id, safe="")
-        base = f"http://127.0.0.1:{config.port}"
+        base = config.lich_url
         self._adapter = _CuttableAdapter()
         self._session = _LichSession()
         self._session.trust_env = False
