@@ -72,15 +72,10 @@ class Acker:
     def _run(self) -> None:
         client = self._client_factory()  # made here: the thread's own session
         try:
-            while True:
-                ack = self._queue.get()
+            for ack in iter(self._queue.get, _STOP):
                 try:
-                    if ack is _STOP:
-                        return
                     send_ack(client, self._activity, ack)
                 except Exception:  # a bug here must not end the thread
                     log.exception("could not send the ack for %s", getattr(ack, "id", "?"))
-                finally:
-                    self._queue.task_done()
         finally:
             client.close()

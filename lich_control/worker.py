@@ -78,14 +78,8 @@ class Worker:
     def _run(self) -> None:
         self._client = self._client_factory()  # made here: the thread's own session
         try:
-            while True:
-                command = self._queue.get()
-                try:
-                    if command is _STOP:
-                        return
-                    self._take(command)
-                finally:
-                    self._queue.task_done()
+            for command in iter(self._queue.get, _STOP):
+                self._take(command)
         finally:
             self._client.close()
 
