@@ -1,9 +1,11 @@
 """The benchmark still runs: `--smoke` once, every section in the table and
 the JSON. Nothing here is about time; `make bench` is where figures live."""
 import json
+import socket
 import subprocess
 import sys
 
+from lich_control.bench import floor
 from lich_control.dev.procs import ROOT, daemon_env
 
 SECTIONS = ("startup", "floor", "dispatch", "ack", "burst", "asks", "idle", "scale")
@@ -28,3 +30,14 @@ def test_the_smoke_benchmark_prints_the_table_and_the_json_with_every_section():
     # Ack latency and burst rate are read against the floors of the same run.
     assert doc["summary"]["ack_ms.p50"]["ratio_to"] == "floor.sum_ms" and doc["summary"]["ack_ms.p50"]["ratio"] > 0
     assert doc["summary"]["burst.per_s"]["ratio_to"] == "floor.per_s" and doc["summary"]["burst.per_s"]["ratio"] > 0
+
+
+def test_a_failed_floor_says_why_without_the_token(monkeypatch, capsys):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens on it once closed
+    monkeypatch.setenv("LICH_TOKEN", "floor-sekrit")
+    assert floor.main([str(port), "1"]) == 1
+    out = capsys.readouterr()
+    assert out.err == "the ack to lich failed (ConnectionError)\n"
+    assert "floor-sekrit" not in out.out + out.err
