@@ -12,7 +12,8 @@ import { PassThrough } from 'node:stream'
 import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
-import plugin, { Relay, findModel, forkReply, insideLich } from '../../hooks/opencode/lich-control.js'
+import plugin, { Relay, insideLich } from '../../hooks/opencode/lich-control.js'
+import { findModel, forkReply } from '../../hooks/opencode/relay/calls.js'
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..')
 const SOCKET = '/run/lich-control/oc1.sock'
@@ -295,7 +296,7 @@ test('lich drives the root session last prompted; forks and child sessions never
   await w.prompted('ses_a')
   await w.prompted('ses_b')
   await w.prompted('ses_child')
-  assert.equal(w.relay.chosen, 'ses_b')
+  assert.equal(w.relay.sessions.chosen, 'ses_b')
   w.call('c1', 'prompt.submit', { text: 'go on' })
   await w.result('c1')
   assert.equal(w.client.named('session.promptAsync')[0].options.path.id, 'ses_b')
@@ -304,10 +305,10 @@ test('lich drives the root session last prompted; forks and child sessions never
 test('a session the bus has not described is looked up once', async () => {
   const w = world({ 'session.get': ({ path }) => ({ id: path.id, parentID: path.id === 'ses_sub' ? 'ses_root' : undefined }) })
   await w.prompted('ses_sub')
-  assert.equal(w.relay.chosen, null)
+  assert.equal(w.relay.sessions.chosen, null)
   await w.prompted('ses_root')
   await w.prompted('ses_root')
-  assert.equal(w.relay.chosen, 'ses_root')
+  assert.equal(w.relay.sessions.chosen, 'ses_root')
   assert.equal(w.client.named('session.get').length, 2)
 })
 
@@ -448,7 +449,7 @@ test('the fork being prompted does not become the driven session', async () => {
   await w.prompted('ses_a')
   w.call('c1', 'model.fork', { prompt: 'q' })
   await w.result('c1')
-  assert.equal(w.relay.chosen, 'ses_a')
+  assert.equal(w.relay.sessions.chosen, 'ses_a')
 })
 
 test('an ask before any session has nothing to fork', async () => {
