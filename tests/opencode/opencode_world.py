@@ -222,8 +222,7 @@ class World:
             self._stack.callback(self.ws.remove)
             self.oc = Opencode(self.ws)
             self.watch = self._stack.enter_context(ProcessWatch())
-            self.api = FakeModel()
-            self._stack.callback(self.api.close)
+            self.api = self._stack.enter_context(FakeModel())
             self.oc.install(self.api)
             self.lich = self._stack.enter_context(Lich(self.ws, self.watch))
         except BaseException:
