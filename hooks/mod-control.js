@@ -1,15 +1,11 @@
 // The relay of the bridge, protocol 1: the lich_control daemon does the
 // contract; this module only starts it, carries its calls onto `$`, posts
 // back results and turn events, and applies its overrides to every request.
-// Only a mod reaches `$`, so this half has to live inside Claude Code.
+// Only a mod reaches `$`, so this half has to live inside Claude Code; what
+// does not need `$` is bridge.js, which the opencode relay shares.
 
-const RESTARTS = 5
-const FIRST_DELAY_MS = 1000
-// A daemon that ran this long before it died earns a fresh restart budget.
-const HEALTHY_MS = 60_000
-// Exit 2: the daemon refused its configuration (bridge.md); a restart cannot mend that.
-const CONFIG_ERROR = 2
-const NO_OVERRIDES = { model: null, effort: null }
+import { Bridge, describe, messageOf, setupResult } from './bridge.js'
+
 // Builds the daemon's private Python environment and names its interpreter
 // (the script's own docstring has the protocol); run with the system's python3.
 const SETUP = 'hooks/lich_runtime.py'
@@ -19,19 +15,9 @@ const LICH_PLUGIN_POLLS_SINCE = [0, 15, 0]
 
 // One decision per loaded module, however often session.start fires.
 let claimed = false
-let overrides = NO_OVERRIDES
-// The main loop's running turn, and the daemon life it was sent to, so that
-// a restarted daemon hears of it once.
-let mainTurn = null
-let mainTurnSentTo = null
-// Settles with the running daemon's socket once its hello arrives, or with
-// null once it is known that no daemon will run (again): outside lich,
-// events then drain at once instead of piling up behind a hello that
-// never comes.
-let daemon = deferred()
-// The tail of the event chain: each event is posted once the one before it
-// settled, so the daemon sees them in the order the hooks fired.
-let events = Promise.resolve()
+// The daemon's life and what crosses to it; outside lich it is closed at
+// once, and the turn events drain.
+const bridge = new Bridge()
 
 /** @type {import('claude-code').Register} */
 export function register(on) {
@@ -46,18 +32,12 @@ export function register(on) {
 
   // Only the main loop's turn can be aborted with $.turn.abort.
   on('turn.start', async ($, e, next) => {
-    if (e.agentId === undefined) {
-      mainTurn = e.turnId
-      mainTurnSentTo = daemon
-      forward($, 'turn.start', e.turnId)
-    }
+    if (e.agentId === undefined) bridge.turnStarted(e.turnId)
     return next(e)
   })
 
-  // Every end goes over: the daemon ignores the ends of turns it did not record.
   on('turn.complete', async ($, e, next) => {
-    if (e.turnId === mainTurn) mainTurn = null
-    forward($, 'turn.complete', e.turnId)
+    bridge.turnEnded(e.turnId)
     return next(e)
   })
 
@@ -79,10 +59,10 @@ async function supervise($, isInteractive) {
       // Every command the session runs after inherits it: bin/lich-mod-status
       // on its PATH finds the daemon's interpreter there.
       await $.env.set('LICH_CONTROL_PYTHON', python).catch(() => undefined)
-      await keepRunning($, python, env)
+      await bridge.serve(host($, python, env))
     }
   }
-  daemon.settle(null)
+  bridge.close()
 }
 
 // A `claude -p` run from a tool inside a lich session inherits its variables:
@@ -167,68 +147,36 @@ async function namedPython($) {
 // that says why there is none. Never throws.
 async function setUp($, env) {
   let stdout = ''
-  let pending = ''
+  const steps = lineReader(line => log($, `lich-control setup: ${line.trimEnd()}`))
   let end
   try {
     const child = $.process.spawn({ argv: ['python3', `${$.plugin.root}/${SETUP}`], cwd: $.plugin.root, ...(env && { env }) })
     for await (const { stream, text } of child) {
-      if (stream === 'stdout') {
-        stdout += text
-        continue
-      }
-      const lines = (pending + text).split('\n')
-      pending = lines.pop()
-      for (const line of lines) if (line.trim()) log($, `lich-control setup: ${line.trimEnd()}`)
+      if (stream === 'stdout') stdout += text
+      else steps.push(text)
     }
     end = await child.result
   } catch (err) {
     log($, `lich-control cannot set up its Python environment: python3 did not run (${messageOf(err)}). Install Python 3.9 or later, or set the plugin's python option to an interpreter that has lich-control installed (docs/install.md)`)
     return null
   }
-  if (pending.trim()) log($, `lich-control setup: ${pending.trimEnd()}`)
-  let result
-  try {
-    result = JSON.parse(stdout.trim().split('\n').pop())
-  } catch {
-    result = undefined
-  }
-  if (result?.ok === true && typeof result.python === 'string' && result.python) return result.python
-  log($, typeof result?.error === 'string'
-    ? result.error
-    : `lich-control cannot set up its Python environment: ${SETUP} ${describe(end)} without a result (the lines above say why). Set the plugin's python option to an interpreter that has lich-control installed (docs/install.md)`)
+  steps.end()
+  const { python, error } = setupResult(stdout)
+  if (python) return python
+  log($, error ?? `lich-control cannot set up its Python environment: ${SETUP} ${describe(end)} without a result (the lines above say why). Set the plugin's python option to an interpreter that has lich-control installed (docs/install.md)`)
   return null
 }
 
-async function keepRunning($, python, env) {
-  const request = {
-    argv: [python, '-m', 'lich_control.daemon'],
-    cwd: $.plugin.root,
-    ...(env && { env }),
-  }
-  let restarts = 0
-  for (;;) {
-    const began = await now($)
-    const end = await run($, request)
-    // Its socket went with it: what comes next waits for the next hello. The
-    // overrides it set go too: the next daemon starts with none, as lich
-    // hears from it.
-    if (daemon.value !== undefined) daemon = deferred()
-    overrides = NO_OVERRIDES
-    if (end.code === 0) return
-    if (end.code === CONFIG_ERROR) {
-      log($, `lich_control daemon ${describe(end)}: its configuration is wrong; not restarting it`)
-      return
-    }
-    const ended = await now($)
-    if (began !== undefined && ended !== undefined && ended - began >= HEALTHY_MS) restarts = 0
-    if (restarts === RESTARTS) {
-      log($, `lich_control daemon ${describe(end)}; not restarting it again`)
-      return
-    }
-    const delay = FIRST_DELAY_MS * 2 ** restarts
-    restarts += 1
-    log($, `lich_control daemon ${describe(end)}; restart ${restarts} of ${RESTARTS} in ${delay} ms`)
-    await $.clock.sleep(delay).catch(() => undefined)
+// What the bridge needs of Claude Code to run the daemon and serve it.
+function host($, python, env) {
+  const request = { argv: [python, '-m', 'lich_control.daemon'], cwd: $.plugin.root, ...(env && { env }) }
+  return {
+    run: onLine => run($, request, onLine),
+    invoke: (method, args) => invoke($, method, args),
+    send: (socketPath, path, body) => send($, socketPath, path, body),
+    now: () => now($),
+    sleep: ms => $.clock.sleep(ms).catch(() => undefined),
+    log: (level, text) => log($, `lich-control: ${text}`),
   }
 }
 
@@ -242,19 +190,13 @@ async function now($) {
 }
 
 // Runs the daemon once, to its end; never throws.
-async function run($, request) {
-  let pending = ''
+async function run($, request, onLine) {
+  const lines = lineReader(onLine)
   try {
     const child = $.process.spawn(request)
     for await (const { stream, text } of child) {
-      if (stream === 'stderr') {
-        log($, text.trimEnd())
-        continue
-      }
-      // A piece ends wherever the daemon's write did: keep the unfinished tail.
-      const lines = (pending + text).split('\n')
-      pending = lines.pop()
-      for (const line of lines) if (line.trim()) receive($, line)
+      if (stream === 'stderr') log($, text.trimEnd())
+      else lines.push(text)
     }
     return await child.result
   } catch (err) {
@@ -262,46 +204,20 @@ async function run($, request) {
   }
 }
 
-function receive($, line) {
-  let message
-  try {
-    message = JSON.parse(line)
-  } catch {
-    log($, `lich_control daemon wrote a line that is not JSON (${line.length} chars)`)
-    return
+// A child's output as lines: a piece ends wherever the child's write did, so
+// the unfinished tail waits for the next piece, or for end().
+function lineReader(onLine) {
+  let pending = ''
+  return {
+    push(text) {
+      const lines = (pending + text).split('\n')
+      pending = lines.pop()
+      for (const line of lines) if (line.trim()) onLine(line)
+    },
+    end() {
+      if (pending.trim()) onLine(pending)
+    },
   }
-  // Without a socket path a fetch would go out over TCP: such a hello is no hello.
-  if (message?.op === 'hello' && typeof message.socket === 'string' && message.socket) {
-    log($, `lich_control daemon ${message.pid} (${message.version}, protocol ${message.protocol}) listens on ${message.socket}`)
-    daemon.settle(message.socket)
-    // A daemon started mid-turn (a restart) would not know the turn to abort.
-    if (mainTurn !== null && mainTurnSentTo !== daemon) {
-      mainTurnSentTo = daemon
-      forward($, 'turn.start', mainTurn)
-    }
-  } else if (message?.op === 'call') {
-    void perform($, message, daemon)
-  } else {
-    log($, `lich_control daemon sent an unknown op ${JSON.stringify(message?.op)}`)
-  }
-}
-
-// Started the moment its line is read and never awaited by the reader, so a
-// prompt waiting for an idle session holds up no abort behind it.
-async function perform($, { id, method, args }, life) {
-  let result
-  try {
-    result = { id, ok: true, value: (await invoke($, method, args)) ?? null }
-  } catch (err) {
-    result = { id, ok: false, error: messageOf(err) }
-  }
-  // Call ids start again with each daemon: a result for one that has ended
-  // would settle the next one's call of the same id.
-  if (daemon !== life) {
-    log($, `lich_control: the daemon that asked for ${id} (${method}) has ended; its result is dropped`)
-    return
-  }
-  await post($, '/v1/result', result)
 }
 
 // $ is spelled out call by call: the loader reads what the module calls off
@@ -317,69 +233,31 @@ async function invoke($, method, args) {
     case 'model.fork':
       return $.model.fork(args)
     case 'overrides.set':
-      overrides = { model: args?.model ?? null, effort: args?.effort ?? null }
+      bridge.overrides = { model: args?.model ?? null, effort: args?.effort ?? null }
       return null
     default:
       throw new Error(`this relay has no method ${method}`)
   }
 }
 
-function forward($, event, turnId) {
-  events = postAfter($, events, { event, turnId })
-}
-
-async function postAfter($, previous, body) {
-  await previous
-  await post($, '/v1/event', body)
-}
-
-// Waits for the daemon's socket, then posts; never throws.
-async function post($, path, body) {
-  const socketPath = await daemon.promise
-  if (socketPath === null) return
-  try {
-    const response = await $.http.fetch(`http://lich-control${path}`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify(body),
-      socketPath,
-    })
-    if (!response.ok) {
-      log($, `lich_control daemon answered ${response.status} to ${path}: ${response.text.trim()}`)
-    }
-  } catch (err) {
-    log($, `lich_control daemon unreachable for ${path}: ${messageOf(err)}`)
-  }
+async function send($, socketPath, path, body) {
+  const response = await $.http.fetch(`http://lich-control${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+    socketPath,
+  })
+  return { status: response.status, text: response.text }
 }
 
 function withOverrides(step) {
-  const { model, effort } = overrides
+  const { model, effort } = bridge.overrides
   if (model === null && effort === null) return step
   return {
     ...step,
     ...(model !== null && { model }),
     ...(effort !== null && { effort }),
   }
-}
-
-// A promise with its resolver beside it; `value` stays undefined until the
-// first settle, and later ones change nothing.
-function deferred() {
-  const box = { value: undefined }
-  box.promise = new Promise(resolve => {
-    box.settle = value => {
-      if (box.value !== undefined) return
-      box.value = value
-      resolve(value)
-    }
-  })
-  return box
-}
-
-function describe(end) {
-  if (end.error !== undefined) return `could not run (${end.error})`
-  if (end.signal) return `was ended by ${end.signal}`
-  return `exited with ${end.code}`
 }
 
 // The debug log alone: what the relay has to say is for whoever debugs it.
@@ -389,8 +267,4 @@ function log($, text) {
   } catch {
     // Nothing the relay does may fail a turn, logging included.
   }
-}
-
-function messageOf(err) {
-  return err instanceof Error ? err.message : String(err)
 }

@@ -1,6 +1,7 @@
 import pytest
 
-from harness import Unavailable, claude_binary
+from claude_world import claude_binary
+from devlich import Unavailable
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from typing import Dict, List, Mapping, Optional
 
-from processes import ProcessWatch, wait_until
+from processes import Closing, ProcessWatch, wait_until
 from workspace import Workspace
 
 STUB_RUNTIME = "lich-stub.json"  # what `lich-stub serve` writes in its run folder
@@ -75,7 +75,7 @@ class Pending:
             raise AssertionError(f"{' '.join(self.argv[1:4])} printed no JSON: {out!r} {err.strip()!r}") from None
 
 
-class Lich:
+class Lich(Closing):
     """The development lich, `lich-stub serve`, in its own run folder: it
     writes the token there, so no argv ever carries it."""
 
@@ -103,12 +103,6 @@ class Lich:
         doc = wait_until(ready, timeout, "lich-stub serve to write its runtime file")
         self.port = int(doc["port"])
         self.token = str(doc["token"])
-
-    def __enter__(self) -> "Lich":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     @property
     def pid(self) -> int:

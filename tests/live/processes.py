@@ -9,27 +9,39 @@ import select
 import signal
 import threading
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import attrs
 
 POLL_INTERVAL = 0.1  # between two looks at state another process owns
 
 
-def wait_until(check: Callable[[], object], timeout: float, what: str, interval: float = POLL_INTERVAL):
-    """Look at another process's state until `check()` is truthy; its value.
+def wait_until(look: Callable[[], object], timeout: float, what: str, holds: Callable[[object], object] = bool,
+               explain: Optional[Callable[[object], str]] = None, interval: float = POLL_INTERVAL):
+    """Look at another process's state until `holds(look())`; what it saw.
+    On failure, `explain(last)` says what the last look saw.
 
     Only for state no event reaches us from (a file, a status document):
     each look is a real observation, and the deadline fails the test."""
     deadline = time.monotonic() + timeout
     pause = threading.Event()
     while True:
-        last = check()
-        if last:
+        last = look()
+        if holds(last):
             return last
         if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
+            raise AssertionError(f"{what}: not within {timeout:g} s" + (f"; {explain(last)}" if explain else ""))
         pause.wait(interval)
+
+
+class Closing:
+    """`with` closes it on the way out."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 @attrs.frozen
@@ -129,14 +141,19 @@ def _processes():
         try:
             with open(f"/proc/{name}/stat") as f:
                 stat = f.read()
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = tuple(a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a)
+            argv = tuple(argv_of(int(name)))
         except OSError:
             continue  # gone meanwhile
         # The command name may hold spaces and parentheses: fields start after the last ')'.
         fields = stat[stat.rindex(")") + 2:].split()
         table.append((int(name), fields[0], int(fields[1]), int(fields[3]), int(fields[19]), argv))
     return table
+
+
+def argv_of(pid: int) -> List[str]:
+    """A running process's argv."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [arg.decode("utf-8", "replace") for arg in f.read().split(b"\0") if arg]
 
 
 def pid_ended(pid: int, timeout: float) -> bool:

@@ -19,8 +19,8 @@ import sys
 import pytest
 
 from devlich import python
-from harness import World
-from processes import wait_until
+from claude_world import World
+from processes import argv_of, wait_until
 from workspace import PLUGIN_NAME
 
 MARKETPLACE = "lich-control"
@@ -73,11 +73,6 @@ def environments(world):
     return sorted(name for name in os.listdir(folder) if name.startswith("env-")) if os.path.isdir(folder) else []
 
 
-def interpreter_of(pid):
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return f.read().split(b"\0")[0].decode()
-
-
 def test_two_claude_plugin_commands_install_it(world):
     added = world.run(["plugin", "marketplace", "add", world.marketplace])
     assert added.returncode == 0, added.stdout + added.stderr
@@ -109,7 +104,7 @@ def test_the_first_session_builds_the_environment_and_the_daemon_runs_from_it(wo
 
     [env] = environments(world)
     env_python = os.path.join(data_folder(world), env, "bin", "python")
-    assert interpreter_of(status["daemon"]["pid"]) == env_python
+    assert argv_of(status["daemon"]["pid"])[0] == env_python
     session.wait_debug(f"lich-control setup: creating a virtual environment in {os.path.dirname(os.path.dirname(env_python))}")
     session.wait_debug(f"lich-control setup: the environment is ready: {env_python}")
 
@@ -149,7 +144,7 @@ def test_the_second_session_reuses_the_environment_without_building(world):
     built = os.stat(stamp).st_mtime_ns
     session = world.session(SECOND, env=session_env(world))
     status = session.wait_polling(timeout=WAIT * 2)
-    assert interpreter_of(status["daemon"]["pid"]) == os.path.join(data_folder(world), env, "bin", "python")
+    assert argv_of(status["daemon"]["pid"])[0] == os.path.join(data_folder(world), env, "bin", "python")
     assert "lich-control setup: creating" not in session.debug_text()
     assert environments(world) == [env]
     assert os.stat(stamp).st_mtime_ns == built

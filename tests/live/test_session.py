@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from devlich import mod_status
-from harness import World
+from claude_world import World
 from modelapi import ANSWER_PREFIX
 from processes import pid_ended
 from terminal import ESC
@@ -315,8 +315,7 @@ def test_9_the_token_appears_nowhere(world, session):
     ws = world.ws
     daemon_log = os.path.join(ws.run_dir, f"{SESSION}.log")
     assert os.path.getsize(daemon_log) > 0 and os.path.getsize(session.debug_log) > 0
-    # Everything the run left, but lich's own runtime file, which holds it by design.
-    folders = [os.path.join(ws.root, name) for name in os.listdir(ws.root) if os.path.join(ws.root, name) != ws.lich_run_dir]
+    folders = ws.left_by_the_run()
     assert ws.home in folders and ws.run_dir in folders and ws.logs in folders
     assert ws.files_holding(token, folders) == []
 

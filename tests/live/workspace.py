@@ -109,6 +109,11 @@ class Workspace:
             f.write(text)
         return path
 
+    def left_by_the_run(self) -> List[str]:
+        """The folders of everything the run left, but the development lich's
+        own, whose runtime file holds its token by design."""
+        return [self.path(name) for name in sorted(os.listdir(self.root)) if self.path(name) != self.lich_run_dir]
+
     def files_holding(self, secret: str, folders: Sequence[str]) -> List[str]:
         """Every file under `folders` whose bytes hold `secret`."""
         needle = secret.encode()

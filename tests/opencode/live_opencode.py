@@ -14,8 +14,9 @@ import os
 
 import pytest
 
-from opencode_world import Unavailable, World, argv_of, opencode_binary
-from processes import pid_ended
+from opencode_world import World, opencode_binary
+from devlich import Unavailable
+from processes import argv_of, pid_ended
 
 SESSION = "oc-live"
 RUN_SESSION = "oc-run"
@@ -230,9 +231,8 @@ def test_10_with_no_python_option_the_first_session_builds_the_daemons_environme
 def test_11_the_token_appears_nowhere(world):
     token = world.lich.token
     ws = world.ws
-    # Everything the run left (opencode's database and logs, the daemons'
-    # logs, the private environment), but lich's own runtime file, which holds it by design.
-    folders = [os.path.join(ws.root, name) for name in os.listdir(ws.root) if os.path.join(ws.root, name) != ws.lich_run_dir]
+    # opencode's database and logs, the daemons' logs, the private environment.
+    folders = ws.left_by_the_run()
     assert ws.home in folders and ws.run_dir in folders
     assert os.path.getsize(os.path.join(ws.run_dir, f"{SESSION}.log")) > 0
     assert ws.files_holding(token, folders) == []

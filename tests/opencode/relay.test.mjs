@@ -12,7 +12,8 @@ import { PassThrough } from 'node:stream'
 import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
-import plugin, { Relay, findModel, forkReply, insideLich } from '../../hooks/opencode/lich-control.js'
+import plugin, { Relay, insideLich } from '../../hooks/opencode/lich-control.js'
+import { findModel, forkReply } from '../../hooks/opencode/relay/calls.js'
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..')
 const SOCKET = '/run/lich-control/oc1.sock'
@@ -126,6 +127,11 @@ function world(answers = {}, options = {}) {
       await hooks['chat.message']({ sessionID }, output)
       return output.message
     },
+    // Prompted, so lich drives it, and busy: a turn of it runs (o1, the first).
+    startTurn: async sessionID => {
+      await w.prompted(sessionID)
+      w.status(sessionID, 'busy')
+    },
   }
   return w
 }
@@ -224,8 +230,7 @@ test('a method the relay does not have is refused by name', async () => {
 test('a daemon that exits 1 is restarted after a growing delay, and hears of the running turn', async () => {
   const w = world()
   w.hello()
-  await w.prompted('ses_a')
-  w.status('ses_a', 'busy')
+  await w.startTurn('ses_a')
   await w.settled()
   w.daemon().exit(1)
   await until(() => w.sleeps.length === 1, [])
@@ -295,7 +300,7 @@ test('lich drives the root session last prompted; forks and child sessions never
   await w.prompted('ses_a')
   await w.prompted('ses_b')
   await w.prompted('ses_child')
-  assert.equal(w.relay.chosen, 'ses_b')
+  assert.equal(w.relay.sessions.chosen, 'ses_b')
   w.call('c1', 'prompt.submit', { text: 'go on' })
   await w.result('c1')
   assert.equal(w.client.named('session.promptAsync')[0].options.path.id, 'ses_b')
@@ -304,18 +309,17 @@ test('lich drives the root session last prompted; forks and child sessions never
 test('a session the bus has not described is looked up once', async () => {
   const w = world({ 'session.get': ({ path }) => ({ id: path.id, parentID: path.id === 'ses_sub' ? 'ses_root' : undefined }) })
   await w.prompted('ses_sub')
-  assert.equal(w.relay.chosen, null)
+  assert.equal(w.relay.sessions.chosen, null)
   await w.prompted('ses_root')
   await w.prompted('ses_root')
-  assert.equal(w.relay.chosen, 'ses_root')
+  assert.equal(w.relay.sessions.chosen, 'ses_root')
   assert.equal(w.client.named('session.get').length, 2)
 })
 
 test('each busy to idle of the chosen session is one turn; other sessions make none', async () => {
   const w = world()
   w.hello()
-  await w.prompted('ses_a')
-  w.status('ses_a', 'busy')
+  await w.startTurn('ses_a')
   w.status('ses_a', 'busy')
   w.status('ses_a', 'retry')
   w.status('ses_other', 'busy')
@@ -331,8 +335,7 @@ test('when another session is prompted mid-turn, the old turn ends for lich', as
   w.hello()
   w.created('ses_a')
   w.created('ses_b')
-  await w.prompted('ses_a')
-  w.status('ses_a', 'busy')
+  await w.startTurn('ses_a')
   w.status('ses_b', 'busy')
   await w.prompted('ses_b')
   await until(() => w.events().length === 3, [])
@@ -344,8 +347,7 @@ test('when another session is prompted mid-turn, the old turn ends for lich', as
 test('abort stops the running turn and answers once the session is idle', async () => {
   const w = world({ 'session.status': { ses_a: { type: 'busy' } }, 'session.abort': true })
   w.hello()
-  await w.prompted('ses_a')
-  w.status('ses_a', 'busy')
+  await w.startTurn('ses_a')
   w.call('c1', 'turn.abort', { turnId: 'o1' })
   await until(() => w.client.named('session.abort').length === 1, [])
   await flush()
@@ -358,8 +360,7 @@ test('abort stops the running turn and answers once the session is idle', async 
 test('abort of a turn that is not the running one, or of an idle session, is refused', async () => {
   const w = world({ 'session.status': {} })
   w.hello()
-  await w.prompted('ses_a')
-  w.status('ses_a', 'busy')
+  await w.startTurn('ses_a')
   w.call('c1', 'turn.abort', { turnId: 'o9' })
   w.call('c2', 'turn.abort', { turnId: 'o1' })
   assert.deepEqual(await w.result('c1'), { id: 'c1', ok: false, error: 'o9 is not the running turn' })
@@ -370,8 +371,7 @@ test('abort of a turn that is not the running one, or of an idle session, is ref
 test('an abort the session does not follow is reported, not acked ok', async () => {
   const w = world({ 'session.status': { ses_a: { type: 'busy' } }, 'session.abort': true })
   w.hello()
-  await w.prompted('ses_a')
-  w.status('ses_a', 'busy')
+  await w.startTurn('ses_a')
   w.call('c1', 'turn.abort', { turnId: 'o1' })
   await until(() => w.sleeps.some(s => s.ms === 50), [])
   w.sleeps.find(s => s.ms === 50).wake()
@@ -385,8 +385,7 @@ test('an abort the session does not follow is reported, not acked ok', async () 
 test('a command waits for the running turn to end, then runs in the driven session', async () => {
   const w = world({ 'command.list': [{ name: 'init' }, { name: 'word' }] })
   w.hello()
-  await w.prompted('ses_a')
-  w.status('ses_a', 'busy')
+  await w.startTurn('ses_a')
   w.call('c1', 'command.run', { command: 'word', args: 'apple' })
   await until(() => w.client.named('command.list').length === 1, [])
   await flush()
@@ -421,8 +420,7 @@ test('an ask forks the driven session, prompts the fork with tools off, answers 
     'session.delete': true,
   })
   w.hello()
-  await w.prompted('ses_a')
-  w.status('ses_a', 'busy')
+  await w.startTurn('ses_a')
   w.call('c1', 'model.fork', { prompt: '<preamble>Question: what now?' })
   assert.deepEqual(await w.result('c1'), { id: 'c1', ok: true, value: { isAnswered: true, text: 'I am testing' } })
   assert.deepEqual(w.client.named('session.fork')[0].options.path, { id: 'ses_a' })
@@ -448,7 +446,7 @@ test('the fork being prompted does not become the driven session', async () => {
   await w.prompted('ses_a')
   w.call('c1', 'model.fork', { prompt: 'q' })
   await w.result('c1')
-  assert.equal(w.relay.chosen, 'ses_a')
+  assert.equal(w.relay.sessions.chosen, 'ses_a')
 })
 
 test('an ask before any session has nothing to fork', async () => {

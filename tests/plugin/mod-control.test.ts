@@ -1,6 +1,7 @@
 // The relay inside the real engine: the test stands beneath it as the host
 // (the daemon's process, its socket, the $ calls) and checks what crosses.
-import { describe, expect, test } from 'claude-code/testing'
+import type { On } from 'claude-code'
+import { describe, expect, test, type Engine } from 'claude-code/testing'
 import { DATA, ENV_PYTHON, LICH, SETUP, World, answered, step } from './world.ts'
 
 const INTERACTIVE = { cwd: '/home/me/project', surface: 'terminal', isInteractive: true } as const
@@ -487,30 +488,19 @@ describe('the Python environment', () => {
   })
 
   test('the python option names an interpreter: it runs the daemon, and nothing is built', async ($, on) => {
-    const world = new World(on)
-    world.settings.user = { pluginConfigs: { 'lich-control@lich-control': { options: { python: '/opt/py/bin/python3.12' } } } }
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
+    const world = await spawnedWith($, on, { user: pythonOption('/opt/py/bin/python3.12', 'lich-control@lich-control') })
     expect(world.child.request.argv).toEqual(['/opt/py/bin/python3.12', '-m', 'lich_control.daemon'])
     expect(world.envSet.LICH_CONTROL_PYTHON).toBe('/opt/py/bin/python3.12')
     expect(world.setups).toHaveLength(0)
   })
 
   test('the python option in managed settings wins over the user\'s', async ($, on) => {
-    const world = new World(on)
-    world.settings.user = { pluginConfigs: { 'lich-control': { options: { python: '/home/me/py' } } } }
-    world.settings.policy = { pluginConfigs: { 'lich-control': { options: { python: '/opt/managed/python' } } } }
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
+    const world = await spawnedWith($, on, { user: pythonOption('/home/me/py'), policy: pythonOption('/opt/managed/python') })
     expect(world.child.request.argv[0]).toBe('/opt/managed/python')
   })
 
   test("a python option in a project's settings is not read", async ($, on) => {
-    const world = new World(on)
-    world.settings.project = { pluginConfigs: { 'lich-control': { options: { python: './evil' } } } }
-    world.settings.local = { pluginConfigs: { 'lich-control': { options: { python: './evil' } } } }
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
+    const world = await spawnedWith($, on, { project: pythonOption('./evil'), local: pythonOption('./evil') })
     expect(world.child.request.argv[0]).toBe(ENV_PYTHON)
     expect(world.setups).toHaveLength(1)
   })
@@ -532,32 +522,37 @@ describe('next to lich-plugin', () => {
   })
 
   test('an older lich-plugin has no client of its own: the daemon starts', async ($, on) => {
-    const world = new World(on)
-    world.settings.user = { enabledPlugins: { 'lich@lich-plugin': true } }
-    world.installed = installed('0.14.2')
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
+    const world = await spawnedWith($, on, { user: { enabledPlugins: { 'lich@lich-plugin': true } } }, installed('0.14.2'))
     expect(world.logs.some(line => line.includes('lich@lich-plugin'))).toBe(false)
   })
 
   test('lich-plugin disabled: the daemon starts', async ($, on) => {
-    const world = new World(on)
-    world.settings.user = { enabledPlugins: { 'lich@lich-plugin': false } }
-    world.installed = installed('0.16.0')
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
+    await spawnedWith($, on, { user: { enabledPlugins: { 'lich@lich-plugin': false } } }, installed('0.16.0'))
   })
 
   test('lich-plugin enabled, its version unknown: said plainly, and the daemon starts', async ($, on) => {
-    const world = new World(on)
-    world.settings.user = { enabledPlugins: { 'lich@lich-plugin': true } }
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
+    const world = await spawnedWith($, on, { user: { enabledPlugins: { 'lich@lich-plugin': true } } })
     expect(world.logs.find(line => line.includes('lich@lich-plugin'))).toContain('its version could not be read')
   })
 })
 
 const USAGE = { input_tokens: 10, output_tokens: 5, cache_read_input_tokens: 0, cache_creation_input_tokens: 0 }
+
+// Settings that give the plugin, by the key they name it with, a python option.
+function pythonOption(python: string, key = 'lich-control') {
+  return { pluginConfigs: { [key]: { options: { python } } } }
+}
+
+// The world once an interactive session inside lich, with these settings
+// files (and this install record), has spawned its daemon.
+async function spawnedWith($: Engine, on: On, settings: World['settings'], installed?: string) {
+  const world = new World(on)
+  world.settings = settings
+  world.installed = installed
+  await $.session.start(INTERACTIVE)
+  await world.untilSpawned(1)
+  return world
+}
 
 function without(name: string): Record<string, string> {
   const env: Record<string, string> = { ...LICH }

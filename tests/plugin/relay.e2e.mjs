@@ -14,7 +14,7 @@ import http from 'node:http'
 import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { after, before, test } from 'node:test'
-import { fileURLToPath } from 'node:url'
+import { fileURLToPath, pathToFileURL } from 'node:url'
 import assert from 'node:assert/strict'
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..')
@@ -107,6 +107,7 @@ class FakeSession extends EventEmitter {
   steps = []
   running = null
   turns = 0
+  static loads = 0
 
   constructor(env) {
     super()
@@ -115,10 +116,10 @@ class FakeSession extends EventEmitter {
   }
 
   async load() {
-    // Imported from its text: a fresh copy of the module's state each time,
-    // and no package.json needed to read a .js file as an ES module.
-    const source = readFileSync(join(ROOT, 'hooks', 'mod-control.js'), 'utf8')
-    const { register } = await import(`data:text/javascript;base64,${Buffer.from(source).toString('base64')}`)
+    // A query of its own gives each session a fresh copy of the module's
+    // state, as a session's load does (bridge.js, which holds none, is shared).
+    const url = `${pathToFileURL(join(ROOT, 'hooks', 'mod-control.js'))}?session=${++FakeSession.loads}`
+    const { register } = await import(url)
     register((event, hook) => (this.hooks[event] = hook), {})
   }
 

@@ -1,0 +1,191 @@
+// The relay's half of the bridge (protocol 1), which both relays share: the
+// Claude Code mod (mod-control.js) and the opencode plugin
+// (opencode/lich-control.js). It keeps the daemon's life, reads the lines it
+// writes, performs the calls it asks for and posts their results, posts the
+// turn events in order, holds the overrides it set, and restarts it when it
+// dies. Written for neither host: no Node (a Claude Code mod has none) and
+// no `$` (opencode has none); each relay hands in how its host runs the
+// daemon, performs a call, posts on a Unix socket, tells time and logs.
+
+const RESTARTS = 5
+const FIRST_DELAY_MS = 1000
+// A daemon that ran this long before it died earns a fresh restart budget.
+const HEALTHY_MS = 60_000
+// Exit 2: the daemon refused its configuration (bridge.md); a restart cannot mend that.
+const CONFIG_ERROR = 2
+export const NO_OVERRIDES = { model: null, effort: null }
+
+export class Bridge {
+  constructor() {
+    // Settles with the running daemon's socket once its hello arrives, or
+    // with null once it is known that no daemon will run (again): posts
+    // then drain at once instead of piling up behind a hello that never
+    // comes. Each daemon's life is one of these.
+    this.daemon = deferred()
+    // The tail of the event chain: each event is posted once the one before
+    // it settled, so the daemon sees them in the order the hooks fired.
+    this.events = Promise.resolve()
+    // The running turn and the daemon life it was sent to, so that a
+    // restarted daemon hears of it once.
+    this.turn = null
+    // What the daemon set; a daemon's overrides end with it, as lich hears from it.
+    this.overrides = NO_OVERRIDES
+    this.host = null
+  }
+
+  // Runs the daemon to its end, and again after a crash, until it exits for
+  // good or the host has stopped; then no daemon will run. The host:
+  //   run(onLine)            runs the daemon once to its end, each stdout line
+  //                          to onLine; resolves {code, signal} or {error}, never rejects
+  //   invoke(method, args)   performs a call of the daemon on the host
+  //   send(socket, path, body)  one POST on the daemon's socket: {status, text}
+  //   now(), sleep(ms)       the host's clock (now may give undefined)
+  //   log(level, text)       a line for whoever debugs the relay
+  //   stopped()              (optional) true once the relay is being unloaded
+  async serve(host) {
+    this.host = host
+    let restarts = 0
+    while (!host.stopped?.()) {
+      // Not awaited: the daemon starts the moment serve() is called.
+      const began = host.now()
+      const end = await host.run(line => this.#receive(line))
+      // Its socket went with it: what comes next waits for the next hello.
+      if (this.daemon.value !== undefined) this.daemon = deferred()
+      this.overrides = NO_OVERRIDES
+      if (host.stopped?.() || end.code === 0) break
+      if (end.code === CONFIG_ERROR) {
+        host.log('error', `the daemon ${describe(end)}: its configuration is wrong; not restarting it`)
+        break
+      }
+      const [from, to] = [await began, await host.now()]
+      if (from !== undefined && to !== undefined && to - from >= HEALTHY_MS) restarts = 0
+      if (restarts === RESTARTS) {
+        host.log('error', `the daemon ${describe(end)}; not restarting it again`)
+        break
+      }
+      const wait = FIRST_DELAY_MS * 2 ** restarts
+      restarts += 1
+      host.log('warn', `the daemon ${describe(end)}; restart ${restarts} of ${RESTARTS} in ${wait} ms`)
+      await host.sleep(wait)
+    }
+    this.close()
+  }
+
+  // No daemon will run (again).
+  close() {
+    this.daemon.settle(null)
+  }
+
+  turnStarted(turnId) {
+    this.turn = { id: turnId, sentTo: this.daemon }
+    this.#forward('turn.start', turnId)
+  }
+
+  // Every end goes over: the daemon ignores the ends of turns it did not record.
+  turnEnded(turnId) {
+    if (this.turn?.id === turnId) this.turn = null
+    this.#forward('turn.complete', turnId)
+  }
+
+  #receive(line) {
+    if (!line.trim()) return
+    let message
+    try {
+      message = JSON.parse(line)
+    } catch {
+      this.host.log('warn', `the daemon wrote a line that is not JSON (${line.length} chars)`)
+      return
+    }
+    // Without a socket path a post would go out over TCP: such a hello is no hello.
+    if (message?.op === 'hello' && typeof message.socket === 'string' && message.socket) {
+      this.host.log('info', `the daemon ${message.pid} (${message.version}, protocol ${message.protocol}) listens on ${message.socket}`)
+      this.daemon.settle(message.socket)
+      // A daemon started mid-turn (a restart) would not know the turn to abort.
+      if (this.turn !== null && this.turn.sentTo !== this.daemon) {
+        this.turn.sentTo = this.daemon
+        this.#forward('turn.start', this.turn.id)
+      }
+    } else if (message?.op === 'call') {
+      void this.#perform(message, this.daemon)
+    } else {
+      this.host.log('warn', `the daemon sent an unknown op ${JSON.stringify(message?.op)}`)
+    }
+  }
+
+  // Started the moment its line is read and never awaited by the reader, so a
+  // prompt waiting for an idle session holds up no abort behind it.
+  async #perform({ id, method, args }, life) {
+    let result
+    try {
+      result = { id, ok: true, value: (await this.host.invoke(method, args)) ?? null }
+    } catch (err) {
+      result = { id, ok: false, error: messageOf(err) }
+    }
+    // Call ids start again with each daemon: a result for one that has ended
+    // would settle the next one's call of the same id.
+    if (this.daemon !== life) {
+      this.host.log('warn', `the daemon that asked for ${id} (${method}) has ended; its result is dropped`)
+      return
+    }
+    await this.#post('/v1/result', result)
+  }
+
+  #forward(event, turnId) {
+    const previous = this.events
+    this.events = (async () => {
+      await previous
+      await this.#post('/v1/event', { event, turnId })
+    })()
+  }
+
+  // Waits for the daemon's socket, then posts; never throws.
+  async #post(path, body) {
+    const socketPath = await this.daemon.promise
+    if (socketPath === null) return
+    try {
+      const { status, text } = await this.host.send(socketPath, path, body)
+      if (status < 200 || status >= 300) this.host.log('warn', `the daemon answered ${status} to ${path}: ${text.trim()}`)
+    } catch (err) {
+      this.host.log('warn', `the daemon could not be reached for ${path}: ${messageOf(err)}`)
+    }
+  }
+}
+
+// hooks/lich_runtime.py's answer, its last line on stdout (the script's
+// docstring has the protocol): {python} once the environment is ready, else
+// {error}, the one line that says why, or null when it wrote none.
+export function setupResult(stdout) {
+  let result
+  try {
+    result = JSON.parse(stdout.trim().split('\n').pop())
+  } catch {
+    result = undefined
+  }
+  if (result?.ok === true && typeof result.python === 'string' && result.python) return { python: result.python }
+  return { error: typeof result?.error === 'string' ? result.error : null }
+}
+
+// How a child process ended, for a log line.
+export function describe(end) {
+  if (end.error !== undefined) return `could not run (${end.error})`
+  if (end.signal) return `was ended by ${end.signal}`
+  return `exited with ${end.code}`
+}
+
+export function messageOf(err) {
+  return err instanceof Error ? err.message : String(err)
+}
+
+// A promise with its resolver beside it; `value` stays undefined until the
+// first settle, and later ones change nothing.
+function deferred() {
+  const box = { value: undefined }
+  box.promise = new Promise(resolve => {
+    box.settle = value => {
+      if (box.value !== undefined) return
+      box.value = value
+      resolve(value)
+    }
+  })
+  return box
+}

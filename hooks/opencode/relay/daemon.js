@@ -1,0 +1,82 @@
+// The daemon's process as opencode runs it, on the Node APIs its Bun has:
+// the setup script that names the daemon's Python, the daemon itself, and a
+// post on its socket. The rest of the bridge, the same for both relays, is
+// ../../bridge.js.
+
+import { request } from 'node:http'
+import { dirname, join, resolve } from 'node:path'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+
+import { describe, setupResult, messageOf } from '../../bridge.js'
+
+// The project's folder: the daemon's package, and the setup script.
+export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..')
+// Builds the daemon's private Python environment and names its interpreter,
+// as for the Claude Code relay (its docstring has the protocol); run with the system's python3.
+const SETUP = join(ROOT, 'hooks', 'lich_runtime.py')
+
+// Runs hooks/lich_runtime.py to its end, its steps to the log: the
+// interpreter it names, or null once the one line that says why there is
+// none is logged. Never throws.
+export async function setUp(launch, data, log) {
+  let stdout = ''
+  const end = await runChild(launch, 'python3', [SETUP, '--data', data], ['ignore', 'pipe', 'pipe'], child => {
+    child.stdout.setEncoding('utf8').on('data', text => (stdout += text))
+    eachLine(child.stderr, line => log('info', `setup: ${line}`))
+  })
+  if (end.error !== undefined) {
+    log('error', `cannot set up its Python environment: python3 did not run (${end.error}). Install Python 3.9 or later, or name an interpreter that has lich-control installed in the plugin's python option (docs/opencode.md)`)
+    return null
+  }
+  const { python, error } = setupResult(stdout)
+  if (python) return python
+  log('error', error ?? `cannot set up its Python environment: hooks/lich_runtime.py ${describe(end)} without a result (the lines above say why)`)
+  return null
+}
+
+// Runs the daemon once, to its end, each line it writes on stdout to
+// `onLine`; `started` gets the process, to stop it with. Never throws.
+export function runDaemon(launch, python, { onLine, log, started }) {
+  // stdin stays open and unused: the daemon stops when it closes.
+  return runChild(launch, python, ['-m', 'lich_control.daemon', '--host', 'opencode'], ['pipe', 'pipe', 'pipe'], child => {
+    started(child)
+    eachLine(child.stdout, onLine)
+    eachLine(child.stderr, line => log('info', line))
+  })
+}
+
+// One request on the daemon's Unix socket (bridge.md); resolves with its answer.
+export function postOverSocket(socketPath, path, body) {
+  return new Promise((done, fail) => {
+    const payload = JSON.stringify(body)
+    const req = request({ socketPath, path, method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload) } }, res => {
+      let text = ''
+      res.setEncoding('utf8').on('data', chunk => (text += chunk)).on('end', () => done({ status: res.statusCode, text }))
+    })
+    req.on('error', fail)
+    req.end(payload)
+  })
+}
+
+// Starts a child in the project's folder, with opencode's environment (the
+// LICH_* variables included), and resolves how it ended: {code, signal},
+// or {error} when it could not run.
+function runChild(launch, command, args, stdio, attach) {
+  return new Promise(done => {
+    let child
+    try {
+      child = launch(command, args, { cwd: ROOT, env: process.env, stdio })
+    } catch (err) {
+      done({ error: messageOf(err) })
+      return
+    }
+    child.on('error', err => done({ error: messageOf(err) }))
+    child.on('close', (code, signal) => done({ code, signal }))
+    attach(child)
+  })
+}
+
+function eachLine(stream, onLine) {
+  createInterface({ input: stream }).on('line', line => line.trim() && onLine(line))
+}
