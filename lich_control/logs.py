@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
-import queue as queue_module
 import sys
 from typing import Callable, Optional
 
@@ -48,9 +47,9 @@ class Redact(logging.Filter):
 def setup(token: str, level: Optional[str], log_path: Optional[str]) -> Callable[[], None]:
     """Route the package's logging; returns the function that flushes and stops it.
 
-    Records are formatted where they are logged but written by a listener
-    thread: the worker logs a line per ack, and the file's write
-    and rollover check then stay off the path from one command to the next.
+    Records are written where they are logged. A listener thread would take
+    the write off the caller, but waking it costs the caller more than the
+    write (a wake-up and the interpreter handed back and forth, per line).
     """
     chosen = (level or "INFO").upper()
     if chosen not in LEVELS:
@@ -73,19 +72,16 @@ def setup(token: str, level: Optional[str], log_path: Optional[str]) -> Callable
         handler = PrivateRotatingFile(log_path, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8", errors="backslashreplace")
         handler.setFormatter(logging.Formatter(FORMAT))
         handlers.append(handler)
-    queue: "queue_module.SimpleQueue" = queue_module.SimpleQueue()
-    front = logging.handlers.QueueHandler(queue)
-    front.addFilter(Redact(token))  # before the record is formatted and queued
-    root.addHandler(front)
-    wire.addHandler(front)
-    listener = logging.handlers.QueueListener(queue, *handlers, respect_handler_level=True)
-    listener.start()
+    redact = Redact(token)  # on each handler, before it formats the record
+    for handler in handlers:
+        handler.addFilter(redact)
+        root.addHandler(handler)
+        wire.addHandler(handler)
 
     def stop() -> None:
-        root.removeHandler(front)
-        wire.removeHandler(front)
-        listener.stop()  # writes what is queued, then ends the thread
         for handler in handlers:
+            root.removeHandler(handler)
+            wire.removeHandler(handler)
             handler.close()
 
     return stop
