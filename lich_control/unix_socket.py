@@ -172,8 +172,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(404, b"no such path\n")
 
     def _leave_body_unread(self) -> None:
-        # A body we do not read must not be taken for the next request.
-        if self.headers.get("Content-Length", "0") != "0" or "Transfer-Encoding" in self.headers:
+        """Read past a refused request's body, so the connection stays usable
+        and the client's write of it never meets a closed socket; one that
+        cannot be read past (no length, too large, cut short) closes it,
+        so it is never taken for the next request."""
+        length = self.headers.get("Content-Length", "0")
+        if "Transfer-Encoding" in self.headers or not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY:
+            self.close_connection = True
+        elif int(length) and len(self.rfile.read(int(length))) < int(length):
             self.close_connection = True
 
     def _body(self) -> Optional[bytes]:
