@@ -37,11 +37,13 @@ class Scrub:
 
     @classmethod
     def of(cls, secret: str) -> "Scrub":
-        """The token as it is and as a URL carries it (`quote`, nothing safe)."""
+        """The token as it is and as a URL carries it: quoted as the daemon
+        quotes it (nothing safe), and as most clients would (`/` left)."""
         if not secret:
             return cls(())
-        quoted = quote(secret.encode("utf-8", "surrogatepass"), safe="")
-        return cls((secret,) if quoted == secret else (secret, quoted))
+        raw = secret.encode("utf-8", "surrogatepass")
+        forms = (secret, quote(raw, safe=""), quote(raw))
+        return cls(tuple(dict.fromkeys(forms)))  # each once, in that order
 
     def __call__(self, text: str, limit: int = LIMIT) -> str:
         # Redacted before the cut, so no part of the token is left at the cut;

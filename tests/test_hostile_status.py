@@ -78,6 +78,7 @@ def test_the_log_and_the_status_share_one_redaction():
     record = logging.LogRecord("lich_control.x", logging.WARNING, __file__, 1, "url %s", (f"?token={QUOTED}",), None)
     logs.Redact(TOKEN).filter(record)
     assert record.getMessage() == f"url {scrub(f'?token={QUOTED}')}" == "url ?token=[token]"
+    assert scrub(f"/{quote(TOKEN)}/") == "/[token]/"  # quoted with its `/` left as it is
     assert TOKEN not in repr(scrub) and QUOTED not in repr(scrub)
 
 
