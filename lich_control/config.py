@@ -43,6 +43,8 @@ class Config:
         missing = [name for name in VARIABLES if not env.get(name)]
         if missing:
             raise NotInLich(", ".join(missing))
+        for name in ("LICH_TOKEN", "LICH_SESSION_ID"):
+            require_utf8(name, env[name])
         return cls(
             port=parse_port(env["LICH_PORT"]),
             token=env["LICH_TOKEN"],
@@ -53,6 +55,16 @@ class Config:
     def path(self, suffix: str) -> str:
         """This session's file in the run folder: socket, lock or log."""
         return session_path(self.run_dir, self.session_id, suffix)
+
+
+def require_utf8(name: str, value: str) -> None:
+    """Refuse a value whose bytes were not UTF-8 (os.environ keeps them as
+    lone surrogates): it could go in no URL and no JSON. Its value is never
+    shown: it may be the token."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadConfig(f"{name} is not valid UTF-8; lich sets it to text") from None
 
 
 def parse_port(raw: str) -> int:

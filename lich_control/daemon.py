@@ -34,6 +34,7 @@ from .engine import Turns
 from .lich import LichClient
 from .lifeline import LOCK_WAIT_SECONDS, ParentWatch, SessionLock, set_parent_death_signal
 from .poller import Poller
+from .safe_text import Scrub
 from .unix_socket import Routes, UnixHttpServer
 from .worker import Worker
 
@@ -151,7 +152,7 @@ def run(config: Config, engine_name: str, parent: int, host: Optional[str] = Non
 
     turns = Turns()
     socket_path = config.path("sock")
-    activity = Activity(config.session_id, engine_name, turns, files={"socket": socket_path, "log_file": config.path("log")}, host=host)
+    activity = Activity(config.session_id, engine_name, turns, files={"socket": socket_path, "log_file": config.path("log")}, host=host, clean=Scrub.of(config.token))
 
     def stop(reason: str) -> None:
         # Bound late: the bridge needs this before the daemon exists, and

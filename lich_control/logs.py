@@ -12,36 +12,39 @@ import os
 import sys
 from typing import Callable, Optional
 
+from .safe_text import Scrub, cut
+
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_BYTES = 1024 * 1024
 BACKUPS = 2
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# A message longer than this is cut: a 15 MB kind lich sent is not a 15 MB line.
+MAX_MESSAGE = 4096
+MAX_TRACEBACK = 64 * 1024  # its frames come first; only an exception's text runs long
 
 
 class Redact(logging.Filter):
-    """Replaces the token wherever it appears in a record, its arguments included."""
+    """Makes every record safe to write: the token replaced wherever it
+    appears, its arguments included; the message cut to `MAX_MESSAGE` and its
+    control characters and lone surrogates escaped, so an id lich chose can
+    neither forge a line nor fill the disk. A traceback keeps its own lines,
+    each cut alike."""
 
     def __init__(self, secret: str):
         super().__init__()
-        quoted = _quoted(secret)
-        self._forms = (secret,) if quoted == secret else (secret, quoted)
+        self._scrub = Scrub.of(secret)
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
-        clean = self.clean(text)
+        clean = self._scrub(text, MAX_MESSAGE)
         if clean != text or record.args:
             record.msg, record.args = clean, None
         if record.exc_text:
-            record.exc_text = self.clean(record.exc_text)
+            lines = cut(self._scrub.redact(record.exc_text), MAX_TRACEBACK).split("\n")
+            record.exc_text = "\n".join(self._scrub(line, MAX_MESSAGE) for line in lines)
         return True
-
-    def clean(self, text: str) -> str:
-        for secret in self._forms:
-            if secret and secret in text:
-                text = text.replace(secret, "[token]")
-        return text
 
 
 def setup(token: str, level: Optional[str], log_path: Optional[str]) -> Callable[[], None]:
@@ -102,9 +105,3 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
         if self.stream is None:
             self.stream = self._open()
         return self.maxBytes > 0 and self.stream.tell() >= self.maxBytes
-
-
-def _quoted(secret: str) -> str:
-    from urllib.parse import quote
-
-    return quote(secret, safe="")

@@ -7,6 +7,10 @@ Daemons are found as sockets in the run folder (`config.run_dir`'s rules);
 a socket nothing answers on is reported as stale. Exit 0 when a daemon
 answered for what was asked, 1 otherwise. The socket is reached with
 `unix_socket.UnixConnection`, the one client of a daemon's socket.
+
+Whatever a document holds is printed, never a crash: for people every string
+is shown escaped (no control character reaches the terminal), and `--json`
+is UTF-8 whatever the locale, a lone surrogate written as JSON's `\\udc80`.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import attrs
 
 from . import __version__
 from .config import run_dir, session_path
+from .safe_text import escape
 from .unix_socket import UnixConnection
 
 TIMEOUT = 2.0
@@ -86,6 +91,17 @@ def sockets(folder: str) -> List[str]:
 
 
 # -- words for people -------------------------------------------------------
+
+
+def shown(value):
+    """`value` with every string in it escaped, keys included, for a terminal."""
+    if isinstance(value, str):
+        return escape(value)
+    if isinstance(value, dict):
+        return {shown(key): shown(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [shown(item) for item in value]
+    return value
 
 
 def age(seconds: Optional[float], suffix: str = " ago") -> str:
@@ -167,13 +183,13 @@ def table(rows: List[List[str]], paint: Paint, coloured_column: Optional[int] = 
 def overview(found: List[Found], paint: Paint) -> List[str]:
     rows = [["SESSION", "PID", "STATE", "LAST POLL", "TURN", "OVERRIDES", "IN FLIGHT", "DONE (ok/failed)", "UPTIME"]]
     for f in found:
-        s = f.status
+        s = shown(f.status)
         if s is None:
-            rows.append([f.session, "-", f.stale, "-", "-", "-", "-", "-", "-"])
+            rows.append([shown(f.session), "-", shown(f.stale), "-", "-", "-", "-", "-", "-"])
             continue
         rows.append(
             [
-                f.session,
+                shown(f.session),
                 str(s["daemon"]["pid"]),
                 state(s),
                 age(s["poll"].get("last_poll_age_s")),
@@ -188,7 +204,7 @@ def overview(found: List[Found], paint: Paint) -> List[str]:
 
 
 def detail(f: Found, paint: Paint) -> List[str]:
-    s = f.status
+    s = shown(f.status)
     d, poll = s["daemon"], s["poll"]
     why = f" ({poll['reason']})" if poll["state"] == "backing off" and poll["reason"] else ""
     retry = f", next poll in {poll['retry_in_s']:g} s" if poll.get("retry_in_s") is not None else ""
@@ -202,7 +218,7 @@ def detail(f: Found, paint: Paint) -> List[str]:
         ["in flight", "; ".join(f"{e['kind']} {e['id']} waiting on {e['waiting_on']} for {age(e['age_s'], '')}" for e in s["in_flight"]) or "-"],
         ["done", counts(s) + "  (ok/failed per kind)"],
         ["uptime", age(d["uptime_s"], "")],
-        ["socket", d.get("socket", f.socket)],
+        ["socket", d.get("socket", shown(f.socket))],
         ["log", d.get("log_file") or "-"],
     ]
     lines = []
@@ -233,6 +249,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.add_argument("--version", action="version", version=__version__)
     args = parser.parse_args(argv)
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")  # a terminal that cannot show a character
     folder = run_dir(os.environ)
     paint = Paint(sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
 
@@ -240,12 +258,12 @@ def main(argv=None) -> int:
         path = session_path(folder, args.session, "sock")
         if not os.path.exists(path):
             if args.json:
-                print(json.dumps({"session_id": args.session, "socket": path, "status": None, "stale": "no socket"}))
+                print_json({"session_id": args.session, "socket": path, "status": None, "stale": "no socket"})
             print(f"lich-mod-status: no daemon for session {args.session} (no {path})", file=sys.stderr)
             return 1
         found = ask(path)
         if args.json:
-            print(json.dumps(found.to_json(), ensure_ascii=False))
+            print_json(found.to_json())
         elif found.status is not None:
             print("\n".join(detail(found, paint)))
         if found.status is None:
@@ -256,13 +274,22 @@ def main(argv=None) -> int:
     everything = [ask(path) for path in sockets(folder)]
     everything.sort(key=lambda f: f.session)
     if args.json:
-        print(json.dumps({"run_dir": folder, "daemons": [f.to_json() for f in everything]}, ensure_ascii=False))
+        print_json({"run_dir": folder, "daemons": [f.to_json() for f in everything]})
     elif everything:
         print("\n".join(overview(everything, paint)))
     if not any(f.status is not None for f in everything):
         print(f"lich-mod-status: no daemon answers in {folder}", file=sys.stderr)
         return 1
     return 0
+
+
+def print_json(doc: dict) -> None:
+    """One line of JSON in UTF-8, whatever the locale: backslashreplace
+    writes a lone surrogate as the JSON escape that reads back as it."""
+    data = json.dumps(doc, ensure_ascii=False).encode("utf-8", "backslashreplace")
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data + b"\n")
+    sys.stdout.buffer.flush()
 
 
 if __name__ == "__main__":

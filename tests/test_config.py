@@ -66,3 +66,11 @@ def test_a_run_folder_that_is_a_file_is_refused(tmp_path):
     path.write_text("")
     with pytest.raises(BadConfig, match="is not a folder"):
         ensure_run_dir(str(path))
+
+
+@pytest.mark.parametrize("name", ["LICH_TOKEN", "LICH_SESSION_ID"])
+def test_a_variable_whose_bytes_were_not_utf8_is_refused_without_its_value(name):
+    # os.environ keeps bytes that are not UTF-8 as lone surrogates.
+    with pytest.raises(BadConfig, match=f"{name} is not valid UTF-8") as caught:
+        Config.from_env(dict(FULL, **{name: "secret-\udcff"}))
+    assert "secret" not in str(caught.value) and "udcff" not in str(caught.value)
