@@ -18,7 +18,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from lich_control.asks import POOL_SIZE, Asks
+from lich_control.asks import POOL_SIZE, Asks, Deadlines
 from lich_control.bridge import Bridge
 from lich_control.dev import procs
 from lich_control.dev.faults import AckAnswer
@@ -162,6 +162,28 @@ def test_forks_that_never_answer_hold_back_no_later_ask():
         assert sum(t.name == "lich-ask-deadlines" for t in threading.enumerate()) == 1
     finally:
         rig.close()
+
+
+def test_setting_deadlines_does_not_wake_their_thread():
+    looked = []
+    first_look = threading.Event()
+
+    def clock():  # the thread reads it each time it wakes to look at the deadlines
+        if threading.current_thread().name == "lich-ask-deadlines":
+            looked.append(1)
+            first_look.set()
+        return 0.0
+
+    deadlines = Deadlines(1000.0, clock=clock)
+    fired = []
+    try:
+        deadlines.add(lambda: fired.append("first"))
+        assert first_look.wait(WAIT)
+        for n in range(50):
+            deadlines.add(lambda: fired.append(n)).cancel()
+        assert len(looked) == 1 and fired == []
+    finally:
+        deadlines.stop()
 
 
 class Calls:
