@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable
+from typing import Callable, Optional
 
 from .ack import Ack, AckTooLarge
 from .status import Activity
@@ -19,7 +19,8 @@ log = logging.getLogger("lich_control.acker")
 
 
 def send_ack(client: LichClient, activity: Activity, ack: Ack) -> bool:
-    """Post one ack; True when lich took it. Never raises."""
+    """Post one ack; True when lich took it. Never raises, so a caller's
+    catch-all never mistakes a sent ack for one still owed."""
     try:
         client.ack(ack)
     except (AckFailed, AckTooLarge) as exc:
@@ -27,17 +28,41 @@ def send_ack(client: LichClient, activity: Activity, ack: Ack) -> bool:
             log.warning("lich refused the ack for %s (%s): %s", ack.id, ack.kind, exc)
         else:
             log.warning("dropped the ack for %s (%s): %s", ack.id, ack.kind, exc)
-        activity.acked(ack.id, ack.kind, ack.ok, ack.error, sent=str(exc))
-        return False
+        sent: Optional[str] = str(exc)
     except Exception:
-        # A bug, not lich: the ack may have gone out, so it is not sent again,
-        # and the caller (the worker's own catch-all among them) goes on.
+        # A bug, not lich: the ack may have gone out, so it is not sent again.
         log.exception("sending the ack for %s (%s) failed", ack.id, ack.kind)
-        activity.acked(ack.id, ack.kind, ack.ok, ack.error, sent="the daemon failed to send it (see its log)")
-        return False
-    log.info("acked %s (%s): %s", ack.id, ack.kind, "ok" if ack.ok else f"failed: {ack.error}")
-    activity.acked(ack.id, ack.kind, ack.ok, ack.error, sent=None)
-    return True
+        sent = "the daemon failed to send it (see its log)"
+    else:
+        log.info("acked %s (%s): %s", ack.id, ack.kind, "ok" if ack.ok else f"failed: {ack.error}")
+        sent = None
+    try:
+        activity.acked(ack.id, ack.kind, ack.ok, ack.error, sent=sent)
+    except Exception:  # the status is bookkeeping: the ack's fate is settled
+        log.exception("recording the ack for %s (%s) failed", ack.id, ack.kind)
+    return sent is None
+
+
+class OneAck:
+    """The right to send one command's ack, taken once.
+
+    Two threads may race for it (a fork's answer and its deadline), or one
+    thread may hold it across a failure (the worker's catch-all): whoever
+    takes it first sends the ack, and nobody else does.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._taken = False
+
+    def take(self) -> bool:
+        with self._lock:
+            taken, self._taken = self._taken, True
+        return not taken
+
+    @property
+    def taken(self) -> bool:
+        return self._taken
 
 
 _STOP = object()
@@ -70,9 +95,15 @@ class Acker:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        client = self._client_factory()  # made here: the thread's own session
+        client: Optional[LichClient] = None
         try:
             for ack in iter(self._queue.get, _STOP):
-                send_ack(client, self._activity, ack)  # never raises: one bad ack cannot end the thread
+                try:
+                    if client is None:
+                        client = self._client_factory()  # made here: the thread's own session
+                    send_ack(client, self._activity, ack)
+                except Exception:  # a bug costs this ack, never the thread and the acks after it
+                    log.exception("the ack for %s (%s) was lost", ack.id, ack.kind)
         finally:
-            client.close()
+            if client is not None:
+                client.close()

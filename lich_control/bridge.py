@@ -3,7 +3,11 @@
 Calls go out as JSON lines on stdout; results and events come back over the
 daemon's Unix socket (see `unix_socket`). The bridge matches results to calls
 and nothing more: what a result means for lich is the worker's business.
-Its lock guards the pending calls and the stdout stream; any thread may call.
+Any thread may call. One lock guards the pending calls, held only to touch
+them; another the stdout stream, held while a line is written: a relay
+that stops reading stdout blocks that writer, never `close` or a result.
+A caller that gives up on a call cancels its Future, and the call is
+forgotten: its late result, if one comes, is ignored.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import json
 import logging
 import os
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, BinaryIO, Callable, Dict, Optional
 
 from . import __version__
@@ -35,6 +39,7 @@ class Bridge:
         self._turns = turns
         self._on_broken = on_broken
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._pending: Dict[str, Future] = {}
         self._closed: Optional[str] = None
@@ -66,9 +71,8 @@ class Bridge:
             call_id = f"c{next(self._ids)}"
             future: "Future[CallResult]" = Future()
             self._pending[call_id] = future
-            ok = self._write_locked({"op": "call", "id": call_id, "method": method, "args": args})
-        if not ok:
-            self.close("the relay is gone (its end of the pipe closed)")
+        future.add_done_callback(lambda done: self._given_up(call_id, done))
+        self._write({"op": "call", "id": call_id, "method": method, "args": args})
         log.debug("call %s: %s", call_id, method)
         return future
 
@@ -79,10 +83,15 @@ class Bridge:
                 self._closed = reason
             pending, self._pending = self._pending, {}
         for future in pending.values():
-            future.set_result(CallResult.failed(reason))
+            _settle(future, CallResult.failed(reason))
+
+    def _given_up(self, call_id: str, done: Future) -> None:
+        if done.cancelled():
+            with self._lock:
+                self._pending.pop(call_id, None)
 
     def _write(self, message: dict) -> None:
-        with self._lock:
+        with self._write_lock:
             ok = self._write_locked(message)
         if not ok:
             self.close("the relay is gone (its end of the pipe closed)")
@@ -118,10 +127,8 @@ class Bridge:
             outcome = CallResult.failed(error or "the session rejected the call without a message")
         with self._lock:
             future = self._pending.pop(call_id, None)
-        if future is None:
+        if future is None or not _settle(future, outcome):
             log.info("a result for %s, which is no call waiting here; ignored", call_id[:40])
-            return
-        future.set_result(outcome)
 
     def event(self, doc: Any) -> None:
         """POST /v1/event: a turn started or completed."""
@@ -137,3 +144,12 @@ class Bridge:
             log.debug("%s %s", name, turn_id)
         else:
             log.info("an event this daemon does not know (%s); ignored", name[:40])
+
+
+def _settle(future: Future, result: CallResult) -> bool:
+    """Settle a call unless its caller gave it up meanwhile (cancelled it)."""
+    try:
+        future.set_result(result)
+    except InvalidStateError:
+        return False
+    return True

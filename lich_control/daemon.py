@@ -8,7 +8,8 @@ Threads, each owning its own state:
   lich-poller  the long poll and its backoff (Poller);
   lich-worker  the ordered commands and the overrides (Worker);
   lich-acker   acks of prompts and slash commands as they settle (Acker);
-  lich-ask-N   one fork each, up to the pool's size (Asks);
+  lich-ask-N   start forks and send their acks, up to the pool's size (Asks);
+  lich-ask-deadlines  fails the forks that outlive their deadline (Asks);
   lich-socket  accepts the relay's connections, a thread per connection;
   lich-lifeline  watches the pipes to the parent (ParentWatch).
 """
@@ -43,6 +44,11 @@ log = logging.getLogger("lich_control.daemon")
 # How long an ack already on its way may take to finish at shutdown: short,
 # so a daemon whose session is gone exits well within 2 s.
 STOP_GRACE = 1.0
+# The last resort, armed as shutdown begins: whatever still holds the
+# process then (a write to a pipe nobody reads, a lock, C code keeping the
+# interpreter), the kernel ends it this many seconds later, inside the 2 s
+# the relay is promised. Whatever is not written by then is dropped.
+EXIT_DEADLINE = 1.8
 # Its own signal, not SIGTERM, so the handler can tell a parent's death from
 # the exit of the parent's thread that spawned us (which sends it as well).
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
@@ -191,6 +197,7 @@ def run(config: Config, engine_name: str, parent: int, host: Optional[str] = Non
     if not daemon.wait(0):
         daemon.start()
     daemon.wait()
+    arm_exit_deadline(EXIT_DEADLINE)
     daemon.shutdown()
     server.close()
     lock.release()
@@ -199,6 +206,16 @@ def run(config: Config, engine_name: str, parent: int, host: Optional[str] = Non
     # Threads still parked (a fork that will never answer, a lock waiter)
     # must not hold the exit: everything worth finishing has finished.
     os._exit(daemon.exit_code)
+
+
+def arm_exit_deadline(seconds: float) -> None:
+    """End the process `seconds` from now, whatever its threads are doing.
+
+    SIGALRM at its default action is carried out by the kernel: no Python
+    code, no lock, no interpreter needed. Set to the default here, since a
+    parent may have passed it down ignored."""
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 def _lock_wait() -> float:

@@ -13,6 +13,7 @@ import sys
 from typing import Callable, Optional
 
 from .safe_text import Scrub, cut
+from .stderr_lines import StderrLines
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_BYTES = 1024 * 1024
@@ -66,7 +67,7 @@ def setup(token: str, level: Optional[str], log_path: Optional[str]) -> Callable
     wire = logging.getLogger("urllib3")
     wire.setLevel(logging.WARNING)
     wire.propagate = False
-    err = logging.StreamHandler(sys.stderr)
+    err = StderrLines()  # never blocks on a stderr nobody reads
     err.setLevel(logging.WARNING)
     err.setFormatter(logging.Formatter("lich-control: %(message)s"))
     handlers = [err]

@@ -6,8 +6,11 @@ Every other command's ack is sent here, and awaited, before the next one:
 lich ends the turn it has open when an abort's ack lands, so a late ack
 would end the turn the next prompt opened.
 
-The queue, the thread, its lich client and the overrides are this object's;
-the overrides are only ever replaced whole, so readers need no lock.
+The queue, the thread, its lich client, the command in hand's `OneAck` and
+the overrides are this object's; the overrides are only ever replaced
+whole, so readers need no lock. Nothing a command does ends the thread: a
+failure costs that command (acked failed, unless its ack went out or was
+promised already), is logged, and the next command runs.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from typing import Callable, Optional
 
 import attrs
 
-from .acker import Acker, send_ack
+from .acker import Acker, OneAck, send_ack
 from .ack import Ack
 from .status import Activity
 from .commands import Command, notification_text
@@ -58,6 +61,7 @@ class Worker:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lich-worker", daemon=True)
         self._client: Optional[LichClient] = None
+        self._owed = OneAck()  # the ack of the command in hand
         self.overrides = Overrides()
 
     def start(self) -> None:
@@ -76,14 +80,22 @@ class Worker:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        self._client = self._client_factory()  # made here: the thread's own session
+        try:
+            self._client = self._client_factory()  # made here: the thread's own session
+        except Exception:  # made again at the first ack; the thread goes on
+            log.exception("making the worker's lich client failed")
         try:
             for command in iter(self._queue.get, _STOP):
-                self._take(command)
+                try:
+                    self._take(command)
+                except Exception:  # even the catch-all's own ack can fail: the next command still runs
+                    log.exception("the worker lost %s (%s)", command.id, command.kind)
         finally:
-            self._client.close()
+            if self._client is not None:
+                self._client.close()
 
     def _take(self, command: Command) -> None:
+        self._owed = OneAck()
         if self._stopping.is_set():
             self._activity.abandoned(command.id, "the daemon is stopping")
             return
@@ -91,7 +103,8 @@ class Worker:
             self._apply(command)
         except Exception:  # a bug must cost one command, not the thread
             log.exception("applying %s (%s) failed", command.id, command.kind)
-            self._ack_now(command, False, "the daemon failed to apply it (see its log)")
+            if not self._owed.taken:  # an ack sent, tried or promised is never followed by another
+                self._ack_now(command, False, "the daemon failed to apply it (see its log)")
 
     def _apply(self, command: Command) -> None:
         if command.problem is not None:
@@ -120,7 +133,7 @@ class Worker:
         self._ack_later(command, self._engine.run_command(command.name, command.args), call_outcome)
 
     def _ack_later(self, command: Command, future: "Future[CallResult]", outcome) -> None:
-        self._activity.waiting(command.id, "session")
+        self._owed.take()  # promised to `settled`, which runs once, whatever comes after
 
         def settled(done: "Future[CallResult]") -> None:
             try:
@@ -131,6 +144,7 @@ class Worker:
             self._acker.submit(Ack(self._session_id, command.id, command.kind, ok=ok, error=error))
 
         future.add_done_callback(settled)
+        self._activity.waiting(command.id, "session")
 
     # -- applied and acked before the next command -----------------------
 
@@ -161,8 +175,15 @@ class Worker:
             return CallResult.failed(f"{method} did not answer within {self._quick_timeout:g} s")
 
     def _ack_now(self, command: Command, ok: bool, error: Optional[str]) -> None:
-        self._activity.waiting(command.id, "ack")
-        send_ack(self._client, self._activity, Ack(self._session_id, command.id, command.kind, ok=ok, error=error))
+        if not self._owed.take():
+            log.error("a second ack for %s (%s) was not sent", command.id, command.kind)
+            return
+        try:
+            self._activity.waiting(command.id, "ack")
+        finally:  # the status is bookkeeping: the ack goes out whatever it did
+            if self._client is None:
+                self._client = self._client_factory()
+            send_ack(self._client, self._activity, Ack(self._session_id, command.id, command.kind, ok=ok, error=error))
 
 
 def call_outcome(result: CallResult):
