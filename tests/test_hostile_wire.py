@@ -249,3 +249,12 @@ def test_an_ack_answered_neither_2xx_nor_4xx_is_not_a_refusal(status):
     finally:
         client.close()
         raw.close()
+
+
+def test_an_endless_answer_is_scripted_with_a_drip_between_its_repeats():
+    with pytest.raises(ValueError, match="needs bytes to repeat and a drip"):
+        Answer(endless=b"a")
+    with pytest.raises(ValueError, match="needs bytes to repeat and a drip"):
+        Answer(endless=b"", drip=0.1)
+    with pytest.raises(ValueError, match="0 or more"):
+        AckAnswer(drip=-1)
