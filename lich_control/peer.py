@@ -35,7 +35,9 @@ def peer_uid(sock: socket.socket, tables: Iterable[str] = TABLES) -> Optional[in
                 next(rows, None)  # the column names
                 for row in rows:
                     fields = row.split()
-                    if len(fields) > 7 and (fields[1], fields[2]) in wanted and fields[7].isdigit():
+                    # A connection in TIME_WAIT (timer 3) has no owner left and
+                    # shows uid 0: an earlier connection's, not the one we made.
+                    if len(fields) > 7 and (fields[1], fields[2]) in wanted and not fields[5].startswith("03:") and fields[7].isdigit():
                         return int(fields[7])
         except OSError:
             continue

@@ -258,3 +258,18 @@ def test_an_endless_answer_is_scripted_with_a_drip_between_its_repeats():
         Answer(endless=b"", drip=0.1)
     with pytest.raises(ValueError, match="0 or more"):
         AckAnswer(drip=-1)
+
+
+def test_a_row_in_time_wait_names_no_owner(tmp_path):
+    from lich_control.peer import _row_address
+
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as conn:
+        theirs, ours = _row_address(conn.getpeername(), False), _row_address(conn.getsockname(), False)
+        head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        waiting = f"   0: {theirs} {ours} 06 00000000:00000000 03:00001770 00000000     0        0 0 3 0\n"
+        live = f"   1: {theirs} {ours} 01 00000000:00000000 00:00000000 00000000  1234        0 99 1 0\n"
+        table = tmp_path / "tcp"
+        table.write_text(head + waiting)
+        assert peer_uid(conn, tables=(str(table),)) is None  # the kernel's uid 0 of a TIME_WAIT row is no owner
+        table.write_text(head + waiting + live)
+        assert peer_uid(conn, tables=(str(table),)) == 1234
