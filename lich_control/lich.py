@@ -6,35 +6,36 @@ another thread may make. The session keeps one connection to loopback alive,
 reads no proxy or `.netrc` from the environment, never retries, and streams
 each answer so no more than its limit is ever read.
 
+Every exchange ends by its deadline however lich answers (a byte at a
+time, a header line that never ends, `100 Continue` for ever), and a new
+connection carries the token only once the program on the other end is
+known to be ours, or cannot be known (loopback.py, peer.py).
+
 Every error leaves here as a short phrase: the exception texts of `requests`
-and `urllib3` hold the URL, and so the token, and none of them is passed on.
+and `urllib3` hold the URL, and so the token, and none of them is passed on;
+what lich says itself is passed on with the token taken out.
 """
 from __future__ import annotations
 
 import errno
-import functools
 import http.client
 import json
+import os
 import socket
-import threading
-from typing import Any, Iterator, List, Optional, Tuple
-from urllib.parse import quote
+from typing import Any, Iterator, List, Optional
+from urllib.parse import quote, unquote, unquote_plus
 
+import attrs
 import requests
 import urllib3
-from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
-from urllib3.connection import HTTPConnection
-from urllib3.connectionpool import HTTPConnectionPool
 
 from . import CONTRACT_RELEASE, __version__
 from .ack import Ack
 from .config import Config
+from .loopback import CuttableAdapter, Deadline, ForeignListener
 
-# (connect, read) in seconds. lich holds a poll up to 25 s and Claude Code's
-# own fetch gave up at 30 s: the read timeout sits between the two.
-POLL_TIMEOUT = (3.0, 28.0)
-ACK_TIMEOUT = (3.0, 10.0)
+CONNECT_TIMEOUT = 3.0
 MAX_POLL_BODY = 16 * 1024 * 1024
 MAX_ACK_ANSWER = 64 * 1024  # what is read of lich's answer to an ack (a reason)
 CHUNK = 64 * 1024
@@ -45,6 +46,16 @@ HEADERS = {
     # Loopback gains nothing from compression, and the limits are then on bytes read.
     "Accept-Encoding": "identity",
 }
+
+
+@attrs.frozen
+class Deadlines:
+    """The most one exchange may take, in seconds, from the request going out
+    (connecting included) to the last byte of the answer read."""
+
+    # lich holds a poll up to 25 s, and Claude Code's own fetch gave up at 30 s.
+    poll: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    ack: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
 
 
 class LichGone(Exception):
@@ -68,11 +79,15 @@ class _Failed(Exception):
 
 
 class LichClient:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, deadlines: Deadlines = Deadlines(), uid: Optional[int] = None):
+        """`uid` is the user lich must run as: ours unless a test says otherwise."""
         self._port = config.port
+        self._deadlines = deadlines
+        self._scrub = _Scrub(config.token)
         token, sid = quote(config.token, safe=""), quote(config.session_id, safe="")
         base = config.lich_url
-        self._adapter = _CuttableAdapter()
+        self._deadline = Deadline()
+        self._adapter = CuttableAdapter(self._deadline, os.getuid() if uid is None else uid)
         self._session = _LichSession()
         self._session.trust_env = False
         self._session.headers = CaseInsensitiveDict(HEADERS)
@@ -87,7 +102,7 @@ class LichClient:
     def poll(self) -> List[Any]:
         """One long poll: the commands lich answered with, oldest first."""
         try:
-            status, _, body = self._exchange(self._poll, POLL_TIMEOUT, MAX_POLL_BODY)
+            status, _, body = self._exchange(self._poll, self._deadlines.poll, MAX_POLL_BODY)
         except _Failed as exc:
             raise PollFailed(str(exc)) from None
         if status == 404:
@@ -109,13 +124,14 @@ class LichClient:
         request = self._ack.copy()
         request.prepare_body(data=ack.body(), files=None)
         try:
-            status, reason, text = self._exchange(request, ACK_TIMEOUT, MAX_ACK_ANSWER)
+            status, reason, text = self._exchange(request, self._deadlines.ack, MAX_ACK_ANSWER)
         except _Failed as exc:
             raise AckFailed(str(exc)) from None
         if 200 <= status < 300:
             return
-        said = _one_line(text.decode("utf-8", "replace")) or reason or "no reason given"
-        raise AckFailed(f"lich refused it: {status} {said}", refused=status < 500)
+        # lich's own words may repeat the request's URL, and so the token.
+        said = self._scrub(text.decode("utf-8", "replace")) or self._scrub(reason) or "no reason given"
+        raise AckFailed(f"lich refused it: {status} {said}", refused=400 <= status < 500)
 
     def abandon(self) -> None:
         """Cut any request in flight from another thread (a parked poll at shutdown)."""
@@ -124,26 +140,36 @@ class LichClient:
     def close(self) -> None:
         self._session.close()
 
-    def _exchange(self, request: requests.PreparedRequest, timeout: Tuple[float, float], limit: int):
+    def _exchange(self, request: requests.PreparedRequest, seconds: float, limit: int):
         """(status, reason, body) of one request, sent once: one that failed
         may have reached lich, and a poll or an ack must not be taken twice.
         A kept connection lich closed meanwhile is noticed by urllib3 before
-        the request goes out, and replaced."""
+        the request goes out, and replaced. The whole exchange ends within
+        `seconds`: each read's timeout is what is left of them."""
+        self._deadline.start(seconds)
         try:
+            timeout = (min(CONNECT_TIMEOUT, seconds), seconds)
             response = self._session.send(request, stream=True, timeout=timeout, allow_redirects=False, proxies={})
             try:
                 body = _read_capped(response, limit)
             finally:
                 response.close()  # a body left unread closes the connection, never reuses it
+        except ForeignListener as exc:
+            raise _Failed(str(exc)) from None
         except _WIRE_ERRORS as exc:
-            raise _Failed(_describe(exc, self._port)) from None
+            raise _Failed(_describe(exc, self._port, seconds)) from None
+        finally:
+            self._deadline.clear()
         return response.status_code, response.reason, body
 
 
 # What a request can raise on the way or on a hostile answer: requests wraps
 # nearly all of it, and what it lets through of urllib3 and http.client is
-# still one failed exchange, never a dead poller.
-_WIRE_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
+# still one failed exchange, never a dead poller. ValueError and
+# OverflowError among it: a negative chunk size reaches a read of
+# http.client's as a negative length, one of 20 digits as a huge one.
+_BAD_LENGTH = (ValueError, OverflowError)
+_WIRE_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError, *_BAD_LENGTH)
 
 
 class _LichSession(requests.Session):
@@ -169,16 +195,24 @@ def _read_capped(response: requests.Response, limit: int) -> bytes:
 
 
 def _too_large(limit: int) -> str:
-    return f"lich's answer is over {limit // (1024 * 1024)} MiB" if limit >= 1024 * 1024 else f"lich's answer is over {limit // 1024} KiB"
+    return f"lich's answer is over {_size(limit)}"
 
 
-def _describe(exc: BaseException, port: int) -> str:
+def _size(n: int) -> str:
+    for unit, name in ((1024 * 1024, "MiB"), (1024, "KiB")):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit} {name}"
+    return f"{n:,} bytes"
+
+
+def _describe(exc: BaseException, port: int, seconds: float) -> str:
     """A phrase for a failed exchange, from the exception's type and causes, never its text."""
     if isinstance(exc, requests.ConnectTimeout):
         return f"could not connect to lich on port {port} in time"
-    if isinstance(exc, requests.ReadTimeout):
-        return "lich did not answer in time"
     causes = list(_causes(exc))
+    # A read's timeout is what was left of the exchange's: either is the deadline.
+    if any(isinstance(c, (requests.ReadTimeout, urllib3.exceptions.ReadTimeoutError, socket.timeout)) for c in causes):
+        return f"lich did not answer within {seconds:g} s"
     if any(isinstance(c, ConnectionRefusedError) for c in causes):
         return f"nothing listens on port {port} (is lich running?)"
     if any(type(c).__name__ == "NewConnectionError" for c in causes):
@@ -192,6 +226,8 @@ def _describe(exc: BaseException, port: int) -> str:
     if isinstance(exc, requests.exceptions.ContentDecodingError):
         return "lich's answer could not be decoded"
     if isinstance(exc, requests.exceptions.InvalidHeader) or any(isinstance(c, http.client.HTTPException) for c in causes):
+        return "lich's answer was not HTTP"
+    if any(type(c) in _BAD_LENGTH for c in causes):  # a chunk size, become a read's length
         return "lich's answer was not HTTP"
     if any(isinstance(c, OSError) and c.errno for c in causes):
         return f"the connection to lich broke ({_errno_name(causes)})"
@@ -220,67 +256,18 @@ def _errno_name(causes: List[BaseException]) -> str:
     return type(causes[-1]).__name__
 
 
-def _one_line(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= 200 else line[:200] + "…"
+class _Scrub:
+    """Makes a text of lich's one short line without the token, raw or in
+    any form URL-quoting gives it (either case of hex, `+` for a space)."""
 
+    def __init__(self, token: str):
+        self._token = token
 
-# -- cutting a parked request from another thread ------------------------------
-
-
-class _SocketWatch:
-    """The sockets of one client's open connections, so another thread can
-    cut a request that is parked in a blocking read."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._socks: List[socket.socket] = []
-        self._abandoned = False
-
-    def add(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._socks = [s for s in self._socks if s.fileno() != -1] + [sock]
-            abandoned = self._abandoned
-        if abandoned:
-            # Opened after the cut, by a poll already past its stop check:
-            # cut too, or it would park for 25 s and take commands nobody applies.
-            sock.shutdown(socket.SHUT_RDWR)
-
-    def shut_all(self) -> None:
-        with self._lock:
-            self._abandoned = True
-            socks, self._socks = self._socks, []
-        for sock in socks:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
-class _WatchedConnection(HTTPConnection):
-    """urllib3's connection, reporting each socket it opens to the watch."""
-
-    def __init__(self, *args: Any, sockets: _SocketWatch, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._watch = sockets
-
-    def connect(self) -> None:
-        super().connect()
-        self._watch.add(self.sock)
-
-
-class _WatchedPool(HTTPConnectionPool):
-    ConnectionCls = _WatchedConnection  # the pool hands its extra keywords (`sockets`) to it
-
-
-class _CuttableAdapter(HTTPAdapter):
-    """One kept-alive connection, no retries (the default, kept), and the
-    sockets of its connections remembered for `abandon`."""
-
-    def __init__(self):
-        self.sockets = _SocketWatch()
-        super().__init__(pool_connections=1, pool_maxsize=1)
-
-    def init_poolmanager(self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any) -> None:
-        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
-        self.poolmanager.pool_classes_by_scheme = {"http": functools.partial(_WatchedPool, sockets=self.sockets)}
+    def __call__(self, text: str) -> str:
+        text = text.replace(self._token, "[token]")
+        for decode in (unquote, unquote_plus):
+            decoded = decode(text)
+            if self._token in decoded:  # quoted, in one way or another: lich's words as decoded
+                text = decoded.replace(self._token, "[token]")
+        line = " ".join(text.split())
+        return line if len(line) <= 200 else line[:200] + "…"

@@ -126,7 +126,7 @@ def test_any_other_status_is_a_failed_poll_named_by_its_status(mocked, client, s
     [
         (leaky(requests.ConnectionError), "exchange with lich failed"),
         (leaky(requests.ConnectTimeout), f"could not connect to lich on port {PORT} in time"),
-        (leaky(requests.ReadTimeout), "lich did not answer in time"),
+        (leaky(requests.ReadTimeout), "^lich did not answer within 30 s$"),
         (leaky(requests.exceptions.ChunkedEncodingError), "lich's answer broke off"),
         (leaky(urllib3.exceptions.ResponseNotChunked), "exchange with lich failed"),  # one requests lets through
         (leaky(http.client.LineTooLong), "lich's answer was not HTTP"),
@@ -191,7 +191,7 @@ def test_a_5xx_ack_failed_but_was_not_refused(mocked, client, status):
     "failure, phrase",
     [
         (leaky(requests.ConnectionError, ACK_URL), "exchange with lich failed"),
-        (leaky(requests.ReadTimeout, ACK_URL), "lich did not answer in time"),
+        (leaky(requests.ReadTimeout, ACK_URL), "^lich did not answer within 10 s$"),
     ],
 )
 def test_an_ack_that_fails_on_the_way_says_why_without_the_token(mocked, client, failure, phrase):

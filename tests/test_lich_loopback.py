@@ -8,11 +8,11 @@ from urllib.parse import quote
 import pytest
 
 from fakes import RawAnswer
-from lich_control import lich as lich_module
 from lich_control.ack import Ack
 from lich_control.config import Config
 from lich_control.dev.lich import Answer, StubLich
-from lich_control.lich import AckFailed, LichClient, PollFailed, _SocketWatch
+from lich_control.lich import AckFailed, Deadlines, LichClient, PollFailed
+from lich_control.loopback import SocketWatch
 
 TOKEN = "sekrit/+&token=1"
 SESSION = "s 1"
@@ -86,12 +86,13 @@ def test_an_ack_with_nothing_listening_says_why_and_is_not_a_refusal():
     assert_safe(caught.value)
 
 
-def test_a_poll_lich_does_not_answer_in_time_is_a_failed_poll(server, client, monkeypatch):
-    monkeypatch.setattr(lich_module, "POLL_TIMEOUT", (3.0, 0.2))
+def test_a_poll_lich_does_not_answer_in_time_is_a_failed_poll(server):
+    client = LichClient(Config(port=server.port, token=TOKEN, session_id=SESSION, run_dir="/tmp/x"), Deadlines(poll=0.2))
     server.faults.script(Answer(body=[], delay=2.0))
-    with pytest.raises(PollFailed, match="^lich did not answer in time$") as caught:
+    with pytest.raises(PollFailed, match=r"^lich did not answer within 0\.2 s$") as caught:
         client.poll()
     assert_safe(caught.value)
+    client.close()
 
 
 @pytest.mark.parametrize(
@@ -135,7 +136,7 @@ def test_a_poll_after_abandon_is_cut_at_once(server, client):
 
 
 def test_a_connection_opened_after_abandon_is_cut_at_once():
-    watch = _SocketWatch()
+    watch = SocketWatch()
     watch.shut_all()
     left, right = socket.socketpair()
     try:

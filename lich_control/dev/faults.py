@@ -6,6 +6,8 @@ or a dying process might do to the mod, on purpose and in order.
     lich.faults.deliver({"id": "m3", "kind": "model"}, "junk")  # items as they are, no rule checked
     lich.faults.script_acks(AckAnswer(status=400), AckAnswer(drop=True))  # the next acks' answers
     lich.faults.hold_acks(); ...; lich.faults.release_acks()  # acks taken but left unanswered
+    lich.faults.script(Answer(drip=2.0))                     # the answer one byte every 2 s
+    lich.faults.script(Answer(wire=b"", endless=b"HTTP/1.1 100 Continue\r\n\r\n", drip=0.1))
 
 A scripted poll answer goes to the next poll that may take it, a held one
 included, before anything queued. A scripted ack answer is used by the next
@@ -37,12 +39,21 @@ class Answer:
     reset_mid_body: bool = False  # half the body, then a TCP reset
     length: Optional[int] = None  # the Content-Length to declare; one over the body's ends only with the connection
     close_after: bool = False  # say Connection: close, and close once answered
+    # A lich that never finishes answering. `wire` goes out as it is in place
+    # of the whole answer, status line included; `endless` follows the answer
+    # again and again until the mod hangs up or lich closes; `drip` is the
+    # pause between writes, each byte of the answer then written on its own.
+    wire: Optional[bytes] = None
+    endless: Optional[bytes] = None
+    drip: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         if self.drop and self.reset_mid_body:
             raise ValueError("an answer either drops the connection or resets it mid-body, not both")
-        if self.delay < 0:
-            raise ValueError("a delay is a number of seconds, 0 or more")
+        if self.delay < 0 or self.drip < 0:
+            raise ValueError("a delay or a drip is a number of seconds, 0 or more")
+        if self.endless is not None and not (self.endless and self.drip > 0):
+            raise ValueError("an endless answer needs bytes to repeat and a drip between them")
 
     def payload(self) -> bytes:
         if self.raw is not None:
@@ -54,6 +65,10 @@ class Answer:
         """Whether the connection ends with this answer."""
         return self.close_after or self.length is not None
 
+    @property
+    def trickles(self) -> bool:
+        return self.drip > 0 or self.wire is not None or self.endless is not None
+
 
 @attrs.frozen
 class AckAnswer:
@@ -63,6 +78,12 @@ class AckAnswer:
     status: int = 204
     reason: str = "refused: a test scripted it"  # the body of a status other than 204
     drop: bool = False  # close the connection without answering
+    phrase: Optional[str] = None  # the status line's reason phrase, in place of the usual one
+    drip: float = 0.0  # seconds between the answer's bytes, each written on its own
+
+    def __attrs_post_init__(self) -> None:
+        if self.drip < 0:
+            raise ValueError("a drip is a number of seconds, 0 or more")
 
     @property
     def takes(self) -> bool:

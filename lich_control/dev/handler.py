@@ -13,6 +13,8 @@ the lich while its poll is held. Everything shared lives in the lich.
 """
 from __future__ import annotations
 
+import io
+import itertools
 import json
 import logging
 import socket
@@ -122,8 +124,11 @@ class Handler(BaseHTTPRequestHandler):
     def reply_json(self, status: int, doc: Any) -> None:
         self.reply(status, json.dumps(doc, ensure_ascii=False).encode("utf-8", "backslashreplace"), "application/json")
 
-    def reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8", extra=None, length: Optional[int] = None) -> None:
-        self.send_response(status)
+    def reply(
+        self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8", extra=None,
+        length: Optional[int] = None, phrase: Optional[str] = None,
+    ) -> None:
+        self.send_response(status, phrase)
         for name, value in (extra or {}).items():
             self.send_header(name, value)
         if status != 204:
@@ -134,6 +139,30 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if status != 204:
             self.wfile.write(body)
+
+    def rendered(self, status: int, body: bytes, content_type: str, **kwargs: Any) -> bytes:
+        """The bytes `reply` would send, unsent: for an answer written out slowly."""
+        real, self.wfile = self.wfile, io.BytesIO()
+        try:
+            self.reply(status, body, content_type, **kwargs)
+            return self.wfile.getvalue()
+        finally:
+            self.wfile = real
+
+    def trickle(self, data: bytes, drip: float, endless: Optional[bytes] = None) -> None:
+        """Write `data` one byte each `drip` seconds (at once without), then
+        `endless` again and again, until the mod hangs up or lich closes."""
+        self.close_connection = True
+        pieces: Any = [data[i : i + 1] for i in range(len(data))] if drip else [data]
+        if endless is not None:
+            pieces = itertools.chain(pieces, itertools.repeat(endless))
+        for piece in pieces:
+            if self.lich._closed:
+                return
+            self.wfile.write(piece)
+            self.wfile.flush()  # a mod that hung up shows here, as a broken pipe
+            if drip:
+                self.lich._pause(drip)
 
     def cut(self, reset: bool = False) -> None:
         """End the connection here: with a FIN, or with `reset` a TCP reset."""
@@ -179,6 +208,10 @@ def _give(req: Handler, answer: Answer) -> None:
         req.lich._pause(answer.delay)
     if answer.drop:
         return req.cut()
+    if answer.trickles:
+        req.close_connection = True
+        data = answer.wire if answer.wire is not None else req.rendered(answer.status, answer.payload(), "application/json", length=answer.length)
+        return req.trickle(data, answer.drip, answer.endless)
     body = answer.payload()
     if answer.reset_mid_body:
         req.reply(answer.status, body[: len(body) // 2], "application/json", length=len(body))
@@ -208,12 +241,22 @@ def mod_acks(req: Handler, query: Dict[str, list]) -> None:
         return req.cut()
     lich.faults.wait_acks_open()
     if scripted is not None and not scripted.takes:
-        return req.reply(status, f"{scripted.reason}\n".encode())
+        return _answer_ack(req, scripted, status, f"{scripted.reason}\n".encode())
     if problem:
         log.warning("a bad ack: %s", problem)  # lich logs a bad payload: the one place it shows
         return req.reply(400, f"{problem}\n".encode())
     lich._ack(doc, req.headers.get(PLUGIN_HEADER))
+    if scripted is not None:
+        return _answer_ack(req, scripted, status, b"")
     req.reply(status, b"")
+
+
+def _answer_ack(req: Handler, scripted: AckAnswer, status: int, body: bytes) -> None:
+    """An ack's answer as a test scripted it: its phrase, and slowly if it says so."""
+    if not scripted.drip:
+        return req.reply(status, body, phrase=scripted.phrase)
+    req.close_connection = True
+    req.trickle(req.rendered(status, body, "text/plain; charset=utf-8", phrase=scripted.phrase), scripted.drip)
 
 
 def _ack_status(scripted: Optional[AckAnswer], problem: Optional[str]) -> Optional[int]:
