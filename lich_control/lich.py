@@ -23,7 +23,7 @@ import json
 import os
 import socket
 from typing import Any, Iterator, List, Optional
-from urllib.parse import quote, unquote, unquote_plus
+from urllib.parse import quote
 
 import attrs
 import requests
@@ -34,6 +34,7 @@ from . import CONTRACT_RELEASE, __version__
 from .ack import Ack
 from .config import Config
 from .loopback import CuttableAdapter, Deadline, ForeignListener
+from .safe_text import Scrub
 
 CONNECT_TIMEOUT = 3.0
 MAX_POLL_BODY = 16 * 1024 * 1024
@@ -83,7 +84,7 @@ class LichClient:
         """`uid` is the user lich must run as: ours unless a test says otherwise."""
         self._port = config.port
         self._deadlines = deadlines
-        self._scrub = _Scrub(config.token)
+        self._scrub = Scrub.of(config.token)
         token, sid = quote(config.token, safe=""), quote(config.session_id, safe="")
         base = config.lich_url
         self._deadline = Deadline()
@@ -130,7 +131,7 @@ class LichClient:
         if 200 <= status < 300:
             return
         # lich's own words may repeat the request's URL, and so the token.
-        said = self._scrub(text.decode("utf-8", "replace")) or self._scrub(reason) or "no reason given"
+        said = _one_line(self._scrub.redact(text.decode("utf-8", "replace"))) or _one_line(self._scrub.redact(reason or "")) or "no reason given"
         raise AckFailed(f"lich refused it: {status} {said}", refused=400 <= status < 500)
 
     def abandon(self) -> None:
@@ -256,18 +257,7 @@ def _errno_name(causes: List[BaseException]) -> str:
     return type(causes[-1]).__name__
 
 
-class _Scrub:
-    """Makes a text of lich's one short line without the token, raw or in
-    any form URL-quoting gives it (either case of hex, `+` for a space)."""
-
-    def __init__(self, token: str):
-        self._token = token
-
-    def __call__(self, text: str) -> str:
-        text = text.replace(self._token, "[token]")
-        for decode in (unquote, unquote_plus):
-            decoded = decode(text)
-            if self._token in decoded:  # quoted, in one way or another: lich's words as decoded
-                text = decoded.replace(self._token, "[token]")
-        line = " ".join(text.split())
-        return line if len(line) <= 200 else line[:200] + "…"
+def _one_line(text: str) -> str:
+    """lich's words as one short line: a reason is read in a status line."""
+    line = " ".join(text.split())
+    return line if len(line) <= 200 else line[:200] + "…"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from typing import Tuple
-from urllib.parse import quote
+from urllib.parse import quote, unquote, unquote_plus
 
 import attrs
 
@@ -55,6 +55,13 @@ class Scrub:
         for secret in self.forms:
             if secret in text:
                 text = text.replace(secret, REDACTED)
+        if self.forms and ("%" in text or "+" in text):
+            # Quoted some other way (lower-case hex, `+` for a space): found
+            # in the text as decoded, which is then what is shown.
+            for decode in (unquote, unquote_plus):
+                decoded = decode(text)
+                if self.forms[0] in decoded:
+                    text = decoded.replace(self.forms[0], REDACTED)
         return text
 
 
