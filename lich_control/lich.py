@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import functools
 import http.client
-import json
 import socket
 import threading
 from typing import Any, Iterator, List, Optional, Tuple
@@ -29,6 +28,7 @@ from urllib3.connectionpool import HTTPConnectionPool
 
 from . import CONTRACT_RELEASE, __version__
 from .ack import Ack
+from .batch import Answer, NotAnArray, read_answer
 from .config import Config
 
 # (connect, read) in seconds. lich holds a poll up to 25 s and Claude Code's
@@ -84,7 +84,7 @@ class LichClient:
             requests.Request("POST", f"{base}/mod/acks?token={token}", headers={"Content-Type": "application/json"})
         )
 
-    def poll(self) -> List[Any]:
+    def poll(self) -> Answer:
         """One long poll: the commands lich answered with, oldest first."""
         try:
             status, _, body = self._exchange(self._poll, POLL_TIMEOUT, MAX_POLL_BODY)
@@ -95,14 +95,9 @@ class LichClient:
         if status != 200:
             raise PollFailed(f"lich answered {status}")
         try:
-            items = json.loads(body)
-        except (ValueError, RecursionError):
-            # ValueError covers bad JSON, bad UTF-8 and over-long integers;
-            # nesting deeper than the interpreter's stack is a RecursionError.
-            raise PollFailed("lich answered 200 with a body that is not JSON") from None
-        if not isinstance(items, list):
-            raise PollFailed("lich answered 200 with JSON that is not an array")
-        return items
+            return read_answer(body)  # read item by item as the poller takes them: batch.py
+        except NotAnArray as exc:
+            raise PollFailed(f"lich answered 200 with {exc}") from None
 
     def ack(self, ack: Ack) -> None:
         """Post one ack; AckFailed says why it did not land."""
