@@ -52,6 +52,7 @@ _STRUCTURE = re.compile(r'["\[\]{},]')
 # What surrogateescape makes of a byte that is not UTF-8.
 _BAD_BYTE = re.compile("[\udc80-\udcff]")
 _SKIPPED = object()
+_OVER_ITEMS = f"holds more than {MAX_ITEMS:,} items; the rest of it was dropped"
 
 
 def loads(body: bytes) -> Any:
@@ -104,6 +105,20 @@ class Answer:
         self.broken = False
 
     def __iter__(self) -> Iterator[Any]:
+        if not self._walk and not self._bad_bytes:
+            # The usual answer, short and sound, read whole: what it builds is
+            # small, and one parse is twice as quick as one per item.
+            try:
+                whole = _DECODER.decode(self._text)
+            except (ValueError, RecursionError):
+                pass  # read item by item below, to keep what can be kept
+            else:
+                for value in whole[:MAX_ITEMS]:
+                    self.read += 1
+                    yield value
+                if len(whole) > MAX_ITEMS:
+                    self.ended = _OVER_ITEMS
+                return
         text = self._text
         pos = _SPACE.match(text, self._start).end()
         if text.startswith("]", pos):
@@ -112,7 +127,7 @@ class Answer:
         taken = 0
         while True:
             if taken == MAX_ITEMS:
-                self.ended = f"holds more than {MAX_ITEMS:,} items; the rest of it ({_size(len(text) - pos)}) was dropped"
+                self.ended = _OVER_ITEMS
                 return
             try:
                 value, end = self._item(pos)
