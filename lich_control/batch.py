@@ -10,8 +10,9 @@ dicts. Both documents read here come from outside the daemon:
   so such a value is refused field by field instead of the message whole.
 - `Answer` reads one poll answer, a JSON array, item by item as the poller
   asks for them: at most MAX_ITEMS items, at most MAX_VALUES values built
-  from a large answer, an item nested too deep skipped alone, and the items
-  before a syntax error handed out all the same.
+  from a large answer, an item nested too deep skipped alone, one that is
+  not UTF-8 handed out marked so (`NotUtf8`), and the items before a syntax
+  error handed out all the same.
 
 Only the standard library parses: `raw_decode` reads each item, and the one
 walk over brackets done here (to find where an item ends without building
@@ -25,6 +26,8 @@ import re
 from json.decoder import scanstring
 from typing import Any, Iterator, Optional, Tuple
 
+import attrs
+
 # lich queues a handful of commands per session; a thousand in one answer
 # is a broken or hostile lich, and the rest of its answer is dropped.
 MAX_ITEMS = 1000
@@ -36,7 +39,6 @@ MAX_VALUES = 100_000
 SMALL_ANSWER = 64 * 1024
 
 TOO_DEEP = "nested deeper than Python reads"
-NOT_UTF8 = "not valid UTF-8"
 
 
 def _int_or_inf(digits: str) -> Any:
@@ -59,6 +61,19 @@ def loads(body: bytes) -> Any:
     """One JSON document, as json.loads reads it but for over-long integers.
     Raises ValueError (not JSON, not UTF-8) or RecursionError (too deep)."""
     return _DECODER.decode(body.decode("utf-8", "surrogatepass"))
+
+
+@attrs.frozen
+class NotUtf8:
+    """An item with bytes that are not UTF-8, each read as a lone surrogate
+    (U+DC80 to U+DCFF): its id may still be sound, and get its ack."""
+
+    value: Any
+
+
+def garbled(text: str) -> bool:
+    """Whether a string read from such an item holds a byte that was not UTF-8."""
+    return _BAD_BYTE.search(text) is not None
 
 
 class NotAnArray(ValueError):
@@ -164,8 +179,7 @@ class Answer:
             self.skipped[TOO_DEEP] += 1
             return _SKIPPED, end
         if self._bad_bytes and _BAD_BYTE.search(text, pos, end):
-            self.skipped[NOT_UTF8] += 1
-            return _SKIPPED, end
+            return NotUtf8(value), end
         return value, end
 
     def _close(self, end: int) -> None:

@@ -12,6 +12,8 @@ from typing import Any, List, Optional, Union
 
 import attrs
 
+from .batch import NotUtf8, garbled
+
 KINDS = ("prompt", "abort", "model", "effort", "command", "ask")
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
@@ -22,6 +24,7 @@ LONG_ID = f"the id is over {MAX_ID_CHARS:,} characters; such a command is not ap
 
 UNKNOWN_KIND = "unknown kind"
 UNKNOWN_EFFORT = "unknown effort"
+NOT_UTF8 = "the command is not valid UTF-8; it is not applied"
 
 
 @attrs.frozen
@@ -48,6 +51,8 @@ class Command:
 
     @classmethod
     def from_json(cls, item: Any) -> Union["Command", "Discarded"]:
+        if isinstance(item, NotUtf8):
+            return cls._not_utf8(item.value)
         if not isinstance(item, dict):
             return Discarded(f"an item that is not a JSON object ({_json_type(item)})")
         cid = item.get("id")
@@ -65,6 +70,15 @@ class Command:
         if kind not in KINDS:
             return cls(id=cid, kind=kind, problem=UNKNOWN_KIND)
         return _PARSERS[kind](cid, item)
+
+
+    @classmethod
+    def _not_utf8(cls, item: Any) -> Union["Command", "Discarded"]:
+        cid = item.get("id") if isinstance(item, dict) else None
+        if not isinstance(cid, str) or not cid or garbled(cid):
+            return Discarded("an item that is not valid UTF-8")
+        kind = item.get("kind")
+        return cls(id=cid, kind=kind if isinstance(kind, str) and kind and not garbled(kind) else "unknown", problem=NOT_UTF8)
 
 
 @attrs.frozen

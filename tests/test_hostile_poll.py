@@ -11,9 +11,9 @@ import pytest
 import responses
 
 from lich_control.batch import MAX_ITEMS, MAX_VALUES, TOO_DEEP
-from lich_control.commands import Command
+from lich_control.commands import NOT_UTF8, Command
 from lich_control.config import Config
-from lich_control.dev.lich import StubLich
+from lich_control.dev.lich import Answer, StubLich
 from lich_control.engine import Turns
 from lich_control.lich import LichClient
 from lich_control.poller import Poller
@@ -111,12 +111,31 @@ def test_bad_json_midway_keeps_the_items_before_it_and_says_how_many_in_one_line
     assert warnings_of(caplog) == []
 
 
-def test_an_item_that_is_not_utf8_costs_that_item_only(mocked):
+def test_an_item_that_is_not_utf8_is_acked_failed_and_costs_nothing_else(mocked):
     rig = Rig()
-    mocked.get(URL, body=body_of(abort("m1"), b'{"id": "m\xff", "kind": "abort"}', abort("m2")))
+    mocked.get(URL, body=body_of(abort("m1"), b'{"id": "m2", "kind": "prompt", "text": "\xff"}', b'{"id": "m\xff", "kind": "abort"}', abort("m3")))
     rig.poller.poll_once()
-    assert [c.id for c in rig.ordered] == ["m1", "m2"] and rig.waits == []
-    assert any("not valid UTF-8" in e for e in rig.errors)
+    assert [(c.id, c.kind, c.problem) for c in rig.ordered] == [("m1", "abort", None), ("m2", "prompt", NOT_UTF8), ("m3", "abort", None)]
+    assert rig.waits == []
+    assert any("an item that is not valid UTF-8" in e for e in rig.errors)  # no sound id: nothing to ack it under
+
+
+@pytest.mark.parametrize(
+    "bad, acks",
+    [
+        (b"[" * 5000 + b"]" * 5000, {"m13": "unknown kind"}),
+        (b'{"id": "m12", "kind": "prompt", "text": "\xff\xfe"}', {"m12": NOT_UTF8, "m13": "unknown kind"}),
+    ],
+    ids=["nested-too-deep", "not-utf8"],
+)
+def test_an_item_the_parser_refuses_costs_that_item_alone_in_the_real_daemon(relay, lich, bad, acks):
+    r = relay()
+    r.wait_hello()
+    assert lich.wait_polled("s1", WAIT, parked=True)
+    lich.faults.script(Answer(raw=body_of(bad, {"id": "m13", "kind": "rewind"})))
+    lich.record.ack_for("m13")
+    assert {a.id: a.body["error"] for a in lich.record.acks} == acks
+    assert r.status()["poll"]["failures"] == 0
 
 
 def test_a_relay_result_holding_a_huge_integer_is_taken(relay, lich):
