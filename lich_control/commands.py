@@ -1,10 +1,10 @@
 """Commands as lich sends them: parsed and checked once, where they arrive.
 
-`parse_batch` turns one poll's JSON array into `Command` values. Whatever an
-item holds, parsing never raises for it: an item lich gave an id becomes a
-`Command` (with `problem` set when it cannot be applied, which is then the
-ack's error), and an item with no usable id becomes a `Discarded` the poller
-logs, since there is nothing to ack it under.
+`Command.from_json` reads one item of a poll's JSON array (`parse_batch` a
+list of them). Whatever an item holds, parsing never raises for it: an item
+lich gave an id becomes a `Command` (with `problem` set when it cannot be
+applied, which is then the ack's error), and an item with no usable id
+becomes a `Discarded` the poller counts, since there is nothing to ack it under.
 """
 from __future__ import annotations
 
@@ -12,15 +12,19 @@ from typing import Any, List, Optional, Union
 
 import attrs
 
+from .batch import NotUtf8, garbled
+
 KINDS = ("prompt", "abort", "model", "effort", "command", "ask")
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
-# Longer ids could not be echoed in an ack under lich's 64 KiB body limit
-# once an answer rides along; no lich mints ids anywhere near this.
+# No lich mints ids anywhere near this (its own are `m` and a counter); a
+# longer one is acked failed, never applied.
 MAX_ID_CHARS = 1024
+LONG_ID = f"the id is over {MAX_ID_CHARS:,} characters; such a command is not applied"
 
 UNKNOWN_KIND = "unknown kind"
 UNKNOWN_EFFORT = "unknown effort"
+NOT_UTF8 = "the command is not valid UTF-8; it is not applied"
 
 
 @attrs.frozen
@@ -47,21 +51,34 @@ class Command:
 
     @classmethod
     def from_json(cls, item: Any) -> Union["Command", "Discarded"]:
+        if isinstance(item, NotUtf8):
+            return cls._not_utf8(item.value)
         if not isinstance(item, dict):
             return Discarded(f"an item that is not a JSON object ({_json_type(item)})")
         cid = item.get("id")
         if not isinstance(cid, str) or not cid:
             why = "no id" if cid is None else f"an id that is not a non-empty string ({_json_type(cid)})"
             return Discarded(f"an item with {why}")
-        if len(cid) > MAX_ID_CHARS:
-            return Discarded(f"an item whose id is longer than {MAX_ID_CHARS} characters")
         kind = item.get("kind")
+        if len(cid) > MAX_ID_CHARS:
+            # lich gave it an id, so it gets its ack (unless even that is
+            # over lich's 64 KiB, which the ack path drops and logs).
+            return cls(id=cid, kind=kind if isinstance(kind, str) and kind else "unknown", problem=LONG_ID)
         if not isinstance(kind, str) or not kind:
             what = "has no kind" if kind is None else f"has a kind that is not a string ({_json_type(kind)})"
             return cls(id=cid, kind="unknown", problem=f"command {what}")
         if kind not in KINDS:
             return cls(id=cid, kind=kind, problem=UNKNOWN_KIND)
         return _PARSERS[kind](cid, item)
+
+
+    @classmethod
+    def _not_utf8(cls, item: Any) -> Union["Command", "Discarded"]:
+        cid = item.get("id") if isinstance(item, dict) else None
+        if not isinstance(cid, str) or not cid or garbled(cid):
+            return Discarded("an item that is not valid UTF-8")
+        kind = item.get("kind")
+        return cls(id=cid, kind=kind if isinstance(kind, str) and kind and not garbled(kind) else "unknown", problem=NOT_UTF8)
 
 
 @attrs.frozen

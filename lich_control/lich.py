@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import http.client
-import json
 import os
 import socket
 from typing import Any, Iterator, List, Optional
@@ -32,6 +31,7 @@ from requests.structures import CaseInsensitiveDict
 
 from . import CONTRACT_RELEASE, __version__
 from .ack import Ack
+from .batch import Answer, NotAnArray, read_answer
 from .config import Config
 from .loopback import CuttableAdapter, Deadline, ForeignListener
 from .safe_text import Scrub
@@ -100,7 +100,7 @@ class LichClient:
             requests.Request("POST", f"{base}/mod/acks?token={token}", headers={"Content-Type": "application/json"})
         )
 
-    def poll(self) -> List[Any]:
+    def poll(self) -> Answer:
         """One long poll: the commands lich answered with, oldest first."""
         try:
             status, _, body = self._exchange(self._poll, self._deadlines.poll, MAX_POLL_BODY)
@@ -111,14 +111,9 @@ class LichClient:
         if status != 200:
             raise PollFailed(f"lich answered {status}")
         try:
-            items = json.loads(body)
-        except (ValueError, RecursionError):
-            # ValueError covers bad JSON, bad UTF-8 and over-long integers;
-            # nesting deeper than the interpreter's stack is a RecursionError.
-            raise PollFailed("lich answered 200 with a body that is not JSON") from None
-        if not isinstance(items, list):
-            raise PollFailed("lich answered 200 with JSON that is not an array")
-        return items
+            return read_answer(body)  # read item by item as the poller takes them: batch.py
+        except NotAnArray as exc:
+            raise PollFailed(f"lich answered 200 with {exc}") from None
 
     def ack(self, ack: Ack) -> None:
         """Post one ack; AckFailed says why it did not land."""

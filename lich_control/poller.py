@@ -4,6 +4,12 @@ It never waits on a command: the ordered ones go onto the worker's queue and
 asks to their pool, then the poll goes out again. Its backoff, its lich client
 and its stop flag are its own; `stop` may be called from any thread and cuts
 a parked poll, whose commands would reach nobody.
+
+Nothing lich sends ends it: an item that fails to be handed on costs that
+item alone (acked failed, through the worker, when it has an id), and a poll
+whose handling fails counts as a failed poll. It keeps no ids from one poll
+to the next: lich hands each command out once, and numbers them from `m1`
+again when it restarts, so a memory of old ids would skip new commands.
 """
 from __future__ import annotations
 
@@ -11,17 +17,22 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Iterable, Optional
+
+import attrs
 
 from .status import Activity
 from .backoff import Backoff
-from .commands import Command, Discarded, parse_batch
+from .batch import Answer
+from .commands import Command, Discarded
 from .lich import LichClient, LichGone, PollFailed
 
 log = logging.getLogger("lich_control.poller")
 
-# lich delivers at most once; this guards the session against one that does not.
-SEEN_IDS = 4096
+HANDOFF_FAILED = "the daemon failed to take it (see its log)"
+TWICE = "an id given twice in one answer (its first is applied)"
+SHOWN_IDS = 3  # duplicated ids named in the summary line, each cut to ID_SHOWN characters
+ID_SHOWN = 40
 
 
 class Poller:
@@ -39,7 +50,6 @@ class Poller:
         self._ask_submit = ask_submit
         self._activity = activity
         self._on_crash = on_crash
-        self._seen = _RecentIds(SEEN_IDS)
         self._stop = threading.Event()
         # Waiting out a backoff is a wait on the stop flag, so a stop ends it
         # at once; tests hand in their own to read the schedule without waiting.
@@ -66,9 +76,14 @@ class Poller:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if not self.poll_once():
+                try:
+                    going = self.poll_once()
+                except Exception:  # a bug: it costs this poll, never the polling
+                    log.exception("handling a poll failed")
+                    going = self._failed("the daemon failed to handle lich's answer (see its log)")
+                if not going:
                     break
-        except Exception:  # a bug: say so, and let the daemon stop
+        except Exception:  # even counting a failed poll failed: stop, and let the relay restart the daemon
             log.exception("the poller failed")
             self._activity.poll_stopped("the poller failed (see the log)")
             self._on_crash("the poller failed")
@@ -79,7 +94,7 @@ class Poller:
         """One poll and what follows it; False once polling is over for good."""
         self._activity.poll_sent()
         try:
-            items = self._client.poll()
+            answer = self._client.poll()
         except LichGone as exc:
             if self._stop.is_set():
                 return False
@@ -89,56 +104,98 @@ class Poller:
         except PollFailed as exc:
             if self._stop.is_set():
                 return False
-            self.backoff = self.backoff.failed()
-            log.info("poll failed: %s; next poll in %g s", exc, self.backoff.delay)
-            self._activity.poll_failed(str(exc), self.backoff.delay)
-            return not self._wait(self.backoff.delay)
+            return self._failed(str(exc))
         if self._stop.is_set():
             return False  # the daemon is stopping: apply nothing new
+        handed = self._dispatch(answer)
+        if self._stop.is_set():
+            return False
+        if answer.broken:  # the items before the break were handed on all the same
+            return self._failed(f"lich's answer {answer.ended}")
         self.backoff = self.backoff.succeeded()
-        log.debug("lich answered a poll with %d items", len(items))
-        self._activity.poll_answered(len(items))
-        if self._dispatch(items):
+        log.debug("lich answered a poll with %d items", answer.read)
+        self._activity.poll_answered(answer.read)
+        if handed:
             # Hand the interpreter to the worker now: building the next poll
             # holds it for ~0.2 ms, which then falls in the relay's round
             # trip, when the worker waits anyway.
             time.sleep(0)
         return True
 
-    def _dispatch(self, items: List) -> bool:
-        """Hand each command on; True if any went to the worker."""
+    def _failed(self, reason: str) -> bool:
+        self.backoff = self.backoff.failed()
+        log.info("poll failed: %s; next poll in %g s", reason, self.backoff.delay)
+        self._activity.poll_failed(reason, self.backoff.delay)
+        return not self._wait(self.backoff.delay)
+
+    def _dispatch(self, answer: Answer) -> bool:
+        """Hand each command on, item by item as the answer is read; True if
+        any went to the worker. A stop ends it between two items."""
         handed = False
-        for parsed in parse_batch(items):
+        given = set()
+        skipped: "collections.Counter[str]" = collections.Counter()
+        twice = []
+        for item in answer:
+            try:
+                parsed = Command.from_json(item)
+            except Exception:  # a bug: the item still gets its ack if it has an id
+                log.exception("reading an item of lich's answer failed")
+                parsed = _unread(item)
             if isinstance(parsed, Discarded):
-                log.warning("lich sent %s; it cannot be acked and is skipped", parsed.reason)
-                self._activity.error(f"skipped {parsed.reason}")
-                continue
-            if not self._seen.add(parsed.id):
-                log.warning("lich sent %s again; it was applied once and is skipped", parsed.id)
-                self._activity.error(f"skipped {parsed.id}: delivered twice")
-                continue
-            self._activity.received(parsed.id, parsed.kind)
-            if parsed.kind == "ask" and parsed.problem is None:
-                self._ask_submit(parsed)
+                skipped[parsed.reason] += 1
+            elif parsed.id in given:
+                skipped[TWICE] += 1
+                twice.append(parsed.id)
             else:
-                self._worker_submit(parsed)
-                handed = True
+                given.add(parsed.id)
+                handed = self._hand_on(parsed) or handed
+            if self._stop.is_set():
+                break
+        self._summarize(skipped + answer.skipped, twice, answer)
         return handed
 
-
-class _RecentIds:
-    """The last `size` command ids, to apply none twice. Poller thread only."""
-
-    def __init__(self, size: int):
-        self._size = size
-        self._order: "collections.deque[str]" = collections.deque()
-        self._set = set()
-
-    def add(self, cid: str) -> bool:
-        if cid in self._set:
+    def _hand_on(self, command: Command) -> bool:
+        """True if it went to the worker. Never raises: a failure costs this command only."""
+        try:
+            self._activity.received(command.id, command.kind)
+            if command.kind == "ask" and command.problem is None:
+                self._ask_submit(command)
+                return False
+            self._worker_submit(command)
+            return True
+        except Exception:
+            log.exception("handing on %s (%s) failed", _shown(command.id), command.kind)
+        try:
+            self._worker_submit(attrs.evolve(command, problem=HANDOFF_FAILED))
+            return True
+        except Exception:
+            log.exception("%s (%s) could not be queued for its ack either", _shown(command.id), command.kind)
             return False
-        self._order.append(cid)
-        self._set.add(cid)
-        if len(self._order) > self._size:
-            self._set.discard(self._order.popleft())
-        return True
+
+    def _summarize(self, skipped: "collections.Counter[str]", twice: Iterable[str], answer: Answer) -> None:
+        """One line for the skipped items, one for an answer cut short: never one per item."""
+        if skipped:
+            what = "; ".join(reason if n == 1 else f"{reason} ×{n}" for reason, n in sorted(skipped.items()))
+            ids = list(twice)
+            if ids:
+                what += " [" + ", ".join(_shown(cid) for cid in ids[:SHOWN_IDS]) + (", …]" if len(ids) > SHOWN_IDS else "]")
+            total = sum(skipped.values())
+            log.warning("skipped %d item%s of lich's answer: %s", total, "" if total == 1 else "s", what)
+            self._activity.error(f"skipped {what}")
+        if answer.ended is not None and not answer.broken:
+            log.warning("lich's answer %s", answer.ended)
+            self._activity.error(f"lich's answer {answer.ended}")
+
+
+def _unread(item: object):
+    """What is left of an item parsing failed on: its id, if it has one."""
+    cid = item.get("id") if isinstance(item, dict) else None
+    if not isinstance(cid, str) or not cid:
+        return Discarded("an item the daemon failed to read (see its log)")
+    kind = item.get("kind")
+    return Command(id=cid, kind=kind if isinstance(kind, str) and kind else "unknown", problem=HANDOFF_FAILED)
+
+
+def _shown(cid: str) -> str:
+    """An id for a log line: quoted, so a newline in it forges nothing, and cut."""
+    return repr(cid[:ID_SHOWN]) + ("…" if len(cid) > ID_SHOWN else "")

@@ -21,6 +21,8 @@ import threading
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional, Tuple
 
+from . import batch
+
 log = logging.getLogger("lich_control.socket")
 
 BACKLOG = 512  # a burst of results must never be refused (bridge.md: at least 128)
@@ -141,9 +143,9 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         try:
-            doc = json.loads(body)
+            doc = batch.loads(body)  # an over-long integer is no reason to refuse a result
         except (ValueError, RecursionError):
-            # ValueError: not JSON, not UTF-8, an over-long integer; nesting
+            # ValueError: not JSON, or not UTF-8; nesting
             # deeper than the interpreter's stack is a RecursionError.
             return self._reply(400, b"the body is not JSON\n")
         try:

@@ -1,11 +1,13 @@
 """In-process stand-ins for the tests of one object at a time."""
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import threading
 from concurrent.futures import Future
 
+from lich_control.batch import read_answer
 from lich_control.engine import CallResult
 from lich_control.lich import AckFailed
 
@@ -52,7 +54,7 @@ class ScriptedClient:
             step = self.script.pop(0)
             if isinstance(step, BaseException):
                 raise step
-            return step
+            return read_answer(json.dumps(step).encode())  # read as a real answer is
         self.abandoned.wait(10)
         from lich_control.lich import PollFailed
 

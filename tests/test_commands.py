@@ -7,6 +7,7 @@ from lich_control.commands import (
     ASK_PREAMBLE,
     Command,
     Discarded,
+    MAX_ID_CHARS,
     Notification,
     ask_prompt,
     notification_text,
@@ -75,13 +76,25 @@ def test_ask_prompt_puts_the_question_last_behind_the_preamble():
         ({"kind": "abort"}, "no id"),
         ({"id": 7, "kind": "abort"}, "not a non-empty string (a number)"),
         ({"id": "", "kind": "abort"}, "not a non-empty string (an empty string)"),
-        ({"id": "x" * 2000, "kind": "abort"}, "longer than 1024"),
     ],
 )
 def test_an_item_without_a_usable_id_is_discarded_with_a_reason(item, reason):
     (parsed,) = parse_batch([item])
     assert isinstance(parsed, Discarded)
     assert reason in parsed.reason
+
+
+@pytest.mark.parametrize("kind, echoed", [("abort", "abort"), ("rewind", "rewind"), (None, "unknown"), (7, "unknown")])
+def test_an_id_over_the_limit_is_a_command_acked_failed_never_applied(kind, echoed):
+    # lich gave it an id, so it is acked; applying it is not worth the risk.
+    (parsed,) = parse_batch([{"id": "x" * 2000, "kind": kind, "text": "hi"}])
+    assert isinstance(parsed, Command) and parsed.id == "x" * 2000 and parsed.kind == echoed
+    assert parsed.problem == "the id is over 1,024 characters; such a command is not applied"
+
+
+def test_an_id_of_exactly_the_limit_is_applied():
+    (parsed,) = parse_batch([{"id": "x" * MAX_ID_CHARS, "kind": "abort"}])
+    assert isinstance(parsed, Command) and parsed.problem is None
 
 
 @pytest.mark.parametrize(

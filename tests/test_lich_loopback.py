@@ -64,7 +64,7 @@ def test_a_connection_lich_closed_is_replaced_before_the_request_goes_out(server
     [kept] = opened(client)
     server.hang_up()  # lich closes the idle connection
     server.faults.deliver({"id": "m2", "kind": "abort"})
-    assert client.poll() == [{"id": "m2", "kind": "abort"}]
+    assert list(client.poll()) == [{"id": "m2", "kind": "abort"}]
     assert len(server.record.polls) == 2  # sent once: nothing failed, nothing resent
     [new] = opened(client)
     assert new is not kept and kept.fileno() == -1
