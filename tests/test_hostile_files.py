@@ -132,7 +132,7 @@ def test_the_socket_is_bound_only_where_nothing_but_a_socket_of_ours_was(tmp_pat
 # -- the run folder ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", [0o1777, 0o777, 0o770, 0o757])
+@pytest.mark.parametrize("mode", [0o1777, 0o777, 0o770, 0o757], ids=oct)
 def test_a_folder_others_can_write_is_refused_and_its_mode_left_alone(tmp_path, mode):
     folder = tmp_path / "shared"
     folder.mkdir()
