@@ -7,7 +7,7 @@ for its next request and has not begun one: the real relay posts each result
 on a connection it has just used or just opened, so it always gets in, and a
 request under way is never cut. A request stalled in its head or body past
 `stall_seconds` may be cut too (no relay stalls: it writes each request at
-once). With nothing to close the new connection is refused.
+once). With nothing to close within a moment, the new connection is refused.
 """
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from typing import Callable, Dict, List, Optional
 import attrs
 
 IDLE, READING, ANSWERING = "idle", "reading", "answering"
-# How long the accepting thread waits for a closed connection's thread to end
-# before the new connection may have its place: that thread wakes at once.
-EVICT_WAIT = 1.0
+# How long a new connection at the bound may wait for a place: a closed
+# connection's thread ends at once, and a request just answered makes its
+# connection idle in a moment.
+PLACE_WAIT = 1.0
 
 
 @attrs.frozen
@@ -65,16 +66,22 @@ class Connections:
             return self._cond.wait_for(lambda: predicate([e.state for e in self._open.values() if not e.closing]), timeout)
 
     def admit(self, sock: socket.socket) -> bool:
-        """The accepting thread: True once `sock` has a place, False to refuse it."""
+        """The accepting thread: True once `sock` has a place, False to refuse
+        it. At the bound it closes one connection that may give way, and
+        waits a moment for its place, or for one to become idle (a request
+        answered an instant ago); failing both, the newcomer is refused."""
         with self._cond:
-            if len(self._open) >= self.limits.connections:
-                victim = self._victim()
-                if victim is None:
+            deadline = time.monotonic() + PLACE_WAIT
+            while len(self._open) >= self.limits.connections:
+                if not any(e.closing for e in self._open.values()):
+                    victim = self._victim()
+                    if victim is not None:
+                        victim.closing = True
+                        _hang_up(victim.sock)  # its thread wakes, ends, and calls close
+                left = deadline - time.monotonic()
+                if left <= 0:
                     return False
-                victim.closing = True
-                _hang_up(victim.sock)  # its thread wakes, ends, and calls close
-                if not self._cond.wait_for(lambda: len(self._open) < self.limits.connections, EVICT_WAIT):
-                    return False
+                self._cond.wait(left)
             self._open[sock] = _Entry(sock, self._clock())
             return True
 
