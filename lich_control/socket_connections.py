@@ -1,13 +1,14 @@
 """The bound on the relay's connections to the daemon's socket.
 
 Each connection costs a thread and a descriptor, so only so many stay open
-at once; one idle too long is closed by its own thread. At the bound a new
-connection takes the place of the one idle the longest, which is waiting
-for its next request and has not begun one: the real relay posts each result
-on a connection it has just used or just opened, so it always gets in, and a
-request under way is never cut. A request stalled in its head or body past
-`stall_seconds` may be cut too (no relay stalls: it writes each request at
-once). With nothing to close within a moment, the new connection is refused.
+at once, and one idle too long is closed by its own thread. At the bound a
+new connection takes the place of the one idle the longest: one waiting for
+its next request that has not begun it, so no request under way is cut, and
+the relay, which posts on a connection it has just opened or just used, gets
+in however many idle ones others hold. A request stalled in its head or body
+past `stall_seconds` may give way too (the relay writes each request at
+once). With no place within a moment the new connection is refused: closed
+unanswered.
 """
 from __future__ import annotations
 
