@@ -99,27 +99,51 @@ def session_path(folder: str, session_id: str, suffix: str) -> str:
 
 
 def ensure_run_dir(path: str) -> None:
-    """Create the run folder 0700, or make sure an existing one is ours and private.
+    """Create the run folder 0700, or make sure an existing one is private.
 
-    Another user could make the folder first in a shared temporary directory
-    and read our sockets; we refuse to use one we do not own.
+    Another user must not read our sockets nor plant files among ours, so an
+    existing folder must be a real folder (not a link), ours, and writable by
+    no one else. Its mode is never changed: a shared folder given by mistake
+    (a sticky 1777 one, /tmp) is refused, not closed to everyone else.
     """
+    parent = os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.makedirs(parent, exist_ok=True)
+        os.mkdir(path, 0o700)
+        created = True
     except FileExistsError:
-        pass  # a file, or a link, by that name: judged below
+        created = False  # judged below, as it is
     except OSError as exc:
         raise BadConfig(f"cannot create the run folder {path}: {exc.strerror}") from None
     try:
         info = os.lstat(path)
     except OSError as exc:
-        raise BadConfig(f"cannot create the run folder {path}: {exc.strerror}") from None
+        raise BadConfig(f"cannot use the run folder {path}: {exc.strerror}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise BadConfig(f"the run folder {path} is a symbolic link; set LICH_CONTROL_RUN_DIR to a private folder")
     if not stat.S_ISDIR(info.st_mode):
         raise BadConfig(f"the run folder {path} is not a folder")
-    if info.st_uid != os.getuid():
-        raise BadConfig(f"the run folder {path} belongs to another user; set LICH_CONTROL_RUN_DIR")
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(path, 0o700)
+    if info.st_uid != os.geteuid():
+        raise BadConfig(f"the run folder {path} belongs to another user; set LICH_CONTROL_RUN_DIR to a private folder")
+    if created:
+        _make_private(path)  # the umask may have taken more than group and others' bits, or fewer
+    elif info.st_mode & 0o022:
+        raise BadConfig(
+            f"the run folder {path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
+            "set LICH_CONTROL_RUN_DIR to a private folder"
+        )
+
+
+def _make_private(path: str) -> None:
+    """0700 through a descriptor of the folder we made, not by path."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BadConfig(f"cannot use the run folder {path}: {exc.strerror}") from None
+    try:
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def socket_too_long(path: str) -> Optional[str]:

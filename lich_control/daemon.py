@@ -149,9 +149,19 @@ def main(argv=None) -> int:
 
 
 def run(config: Config, engine_name: str, parent: int, host: Optional[str] = None) -> int:
-    stop_logging = logs.setup(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
+    try:  # BadConfig here: something not ours at the log's, the lock's or the socket's name
+        stop_logging = logs.setup(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
+    except BadConfig as exc:
+        print(f"lich-control: {exc}", file=sys.stderr)
+        return 2
     lock = SessionLock(config.path("lock"))
-    if not lock.acquire(_lock_wait()):
+    try:
+        acquired = lock.acquire(_lock_wait())
+    except BadConfig as exc:
+        print(f"lich-control: {exc}", file=sys.stderr)
+        stop_logging()
+        return 2
+    if not acquired:
         print(f"lich-control: another daemon is still polling for session {config.session_id}; exiting", file=sys.stderr)
         stop_logging()
         os._exit(1)
@@ -190,7 +200,13 @@ def run(config: Config, engine_name: str, parent: int, host: Optional[str] = Non
     watch = ParentWatch(parent, stop, has_death_signal=set_parent_death_signal(PARENT_DEATH_SIGNAL))
 
     server = UnixHttpServer(socket_path, routes)
-    server.listen()
+    try:
+        server.listen()
+    except BadConfig as exc:
+        print(f"lich-control: {exc}", file=sys.stderr)
+        lock.release()
+        stop_logging()
+        return 2
     if engine_name != "sim":
         engine.hello(socket_path)
     watch.start()

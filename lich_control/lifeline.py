@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from .runfiles import open_own
+
 log = logging.getLogger("lich_control.lifeline")
 
 PR_SET_PDEATHSIG = 1
@@ -109,7 +111,8 @@ class SessionLock:
 
     A reload can start a new daemon while the old one is still exiting; the
     new one waits a bounded time for the old one's lock, which the kernel
-    releases however the old one ends.
+    releases however the old one ends. Anything at the lock's name that is
+    not a plain file of ours raises runfiles.NotOurs: it is never truncated.
     """
 
     def __init__(self, path: str):
@@ -119,7 +122,7 @@ class SessionLock:
     def acquire(self, timeout: float = LOCK_WAIT_SECONDS) -> bool:
         deadline = time.monotonic() + timeout
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = open_own(self.path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -149,7 +152,7 @@ class SessionLock:
 
 def _same_file(fd: int, path: str) -> bool:
     try:
-        held, named = os.fstat(fd), os.stat(path)
+        held, named = os.fstat(fd), os.lstat(path)
     except FileNotFoundError:
         return False
     return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)

@@ -6,12 +6,14 @@ exception text that quotes a URL reaches a file or a terminal with the token.
 """
 from __future__ import annotations
 
+import io
 import logging
 import logging.handlers
 import os
 import sys
 from typing import Callable, Optional
 
+from .runfiles import NotOurs, open_own
 from .safe_text import Scrub, cut
 from .stderr_lines import StderrLines
 
@@ -94,11 +96,18 @@ def setup(token: str, level: Optional[str], log_path: Optional[str]) -> Callable
 class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
     """A rotating log file that is 0600 from the first byte, every rotation
     included, and that checks its size without a stat and a second
-    formatting of each record (the base class's cost per line)."""
+    formatting of each record (the base class's cost per line).
+
+    The file is opened only if it is a plain file of ours (runfiles.open_own):
+    at the start anything else raises runfiles.NotOurs, and the daemon does
+    not start; found at a rotation, the file is given up, said once, and the
+    daemon goes on without it.
+    """
+
+    given_up = False
 
     def _open(self):
-        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.chmod(self.baseFilename, 0o600)  # a file left by an older daemon
+        fd = open_own(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         return open(fd, "a", encoding=self.encoding, errors=self.errors)
 
     def shouldRollover(self, record: logging.LogRecord) -> bool:
@@ -106,3 +115,20 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
         if self.stream is None:
             self.stream = self._open()
         return self.maxBytes > 0 and self.stream.tell() >= self.maxBytes
+
+    def doRollover(self) -> None:
+        try:
+            super().doRollover()
+        except NotOurs as exc:
+            self.given_up = True
+            self.stream = _Nowhere()  # the record in hand goes nowhere; later ones stop at emit
+            logging.getLogger("lich_control.logs").warning("no more log file: %s", exc)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.given_up:
+            super().emit(record)
+
+
+class _Nowhere(io.TextIOBase):
+    def write(self, text: str) -> int:
+        return len(text)

@@ -2,9 +2,10 @@
 
 Both ends are the standard library's. The server is `http.server` over
 `socketserver.ThreadingUnixStreamServer`: one thread accepts, each connection
-gets a thread that serves its requests while the relay keeps it alive.
-Nothing wakes on a timer: the accept and the reads block until the relay
-speaks or `close` shuts the socket. `UnixConnection` is the client every
+gets a thread that serves its requests while the relay keeps it alive, up to
+a bound on connections and on idle time (socket_connections). Nothing wakes
+on a timer: the accept and the reads block until the relay speaks, a read's
+timeout ends an idle connection, or `close` shuts the socket. `UnixConnection` is the client every
 tool and test uses to reach a daemon's socket.
 """
 from __future__ import annotations
@@ -16,12 +17,15 @@ import logging
 import os
 import socket
 import socketserver
+import stat
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional, Tuple
 
 from . import batch
+from .runfiles import refuse_foreign
+from .socket_connections import Connections, SocketLimits
 
 log = logging.getLogger("lich_control.socket")
 
@@ -39,24 +43,33 @@ class Routes:
         self.result, self.event, self.status, self.bad = result, event, status, bad
 
 
+# After a failure of the accepting loop itself, it waits this long before it
+# goes on, doubled per failure in a row up to the most: it never spins.
+ACCEPT_PAUSE, ACCEPT_PAUSE_MOST = 0.05, 1.0
+
+
 class UnixHttpServer:
-    def __init__(self, path: str, routes: Routes):
+    def __init__(self, path: str, routes: Routes, limits: SocketLimits = SocketLimits()):
         self.path = path
-        self._server = _Server(path, routes)
+        self._server = _Server(path, routes, limits)
         self._thread = threading.Thread(target=self._serve, name="lich-socket", daemon=True)
 
     def listen(self) -> None:
-        """Bind 0600 (a stale socket of an earlier daemon is replaced) and start accepting."""
+        """Bind 0600 and start accepting. What is at the path is removed only
+        if it is a socket of ours (an earlier daemon's, stale: the session
+        lock is ours); anything else raises runfiles.NotOurs."""
+        refuse_foreign(self.path, stat.S_ISSOCK)
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-        old = os.umask(0o177)  # no moment when the socket is open to others
+        # bind creates the file 0777 less the umask: 0600 from the start, so
+        # no chmod by path follows.
+        old = os.umask(0o177)
         try:
             self._server.server_bind()
         finally:
             os.umask(old)
-        os.chmod(self.path, 0o600)
         self._server.server_activate()
         self._thread.start()
 
@@ -73,16 +86,24 @@ class UnixHttpServer:
             pass
 
     def _serve(self) -> None:
-        # handle_request blocks until a connection comes (the server has no
-        # timeout), where serve_forever would wake twice a second to look
-        # for a shutdown request.
+        """The accepting thread's loop: it ends only when the server closes.
+
+        handle_request blocks until a connection comes (the server has no
+        timeout), where serve_forever would wake twice a second to look for a
+        shutdown request. A failure of its own (the selector, a thread that
+        would not start) is logged and the loop goes on: every later result
+        comes through here."""
+        pause = ACCEPT_PAUSE
         while not self._server.closing.is_set():
             try:
                 self._server.handle_request()
-            except (OSError, ValueError):  # ValueError: the socket closed under the selector
+                pause = ACCEPT_PAUSE
+            except Exception as exc:  # ValueError among them: the socket closed under the selector
                 if self._server.closing.is_set():
                     return
-                raise
+                log.warning("accepting on the socket failed (%s: %s); going on", type(exc).__name__, exc)
+                self._server.closing.wait(pause)
+                pause = min(pause * 2, ACCEPT_PAUSE_MOST)
 
 
 class _Server(socketserver.ThreadingUnixStreamServer):
@@ -90,10 +111,12 @@ class _Server(socketserver.ThreadingUnixStreamServer):
     block_on_close = False  # a relay's idle kept-alive connection must not hold the exit
     request_queue_size = BACKLOG
 
-    def __init__(self, path: str, routes: Routes):
+    def __init__(self, path: str, routes: Routes, limits: SocketLimits):
         super().__init__(path, _Handler, bind_and_activate=False)
         self.routes = routes
         self.closing = threading.Event()
+        self.connections = Connections(limits)
+        self._refusing = False  # the accepting thread's: one warning per run of refusals
 
     def get_request(self) -> Tuple[socket.socket, Any]:
         try:
@@ -107,8 +130,18 @@ class _Server(socketserver.ThreadingUnixStreamServer):
             raise  # handle_request drops this attempt and the loop goes on
 
     def process_request(self, request: socket.socket, client_address: Any) -> None:
-        # ThreadingMixIn's, with the thread named for what it does.
+        # ThreadingMixIn's, with the thread named for what it does, once the
+        # connection has a place within the bound.
+        if not self.connections.admit(request):
+            if not self._refusing:
+                log.warning("refusing connections on the socket: %d are open, each in a request", len(self.connections))
+            self._refusing = True
+            return self.shutdown_request(request)
+        self._refusing = False
         threading.Thread(target=self.process_request_thread, args=(request, client_address), name="lich-socket-conn", daemon=True).start()
+
+    def shutdown_request(self, request: socket.socket) -> None:
+        self.connections.close(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A relay hanging up mid-request is its business; anything else is a bug.
@@ -126,6 +159,24 @@ class _Handler(BaseHTTPRequestHandler):
     wbufsize = -1  # an answer's head and body leave in one write, when the request is done
     error_message_format = "%(message)s\n"  # the library's own refusals (400, 414, 431): one line of text
     error_content_type = "text/plain; charset=utf-8"
+
+    def setup(self) -> None:
+        self.timeout = self.server.connections.limits.idle_seconds  # each read's: an idle connection ends
+        super().setup()
+
+    def handle_one_request(self) -> None:
+        # Idle until the next request's first byte: only then is it read,
+        # unless the connection was given up for a new one meanwhile.
+        connections = self.server.connections
+        connections.idle(self.connection)
+        try:
+            begun = bool(self.rfile.peek(1))
+        except OSError:  # TimeoutError among them: idle past the limit
+            begun = False
+        if not begun or not connections.reading(self.connection):
+            self.close_connection = True
+            return
+        super().handle_one_request()
 
     def do_GET(self) -> None:
         if self._route() == "/v1/status":
@@ -183,6 +234,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif int(length) and len(self.rfile.read(int(length))) < int(length):
             self.close_connection = True
+        self.server.connections.answering(self.connection)
 
     def _body(self) -> Optional[bytes]:
         """The request's body, or None once a refusal is sent."""
@@ -199,6 +251,7 @@ class _Handler(BaseHTTPRequestHandler):
         if len(body) < int(length):
             self.close_connection = True  # the relay hung up mid-body
             return None
+        self.server.connections.answering(self.connection)
         return body
 
     def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
@@ -208,6 +261,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
         if self.close_connection:
             self.send_header("Connection", "close")
+        else:  # so a client stops using the connection before it is closed idle
+            self.send_header("Keep-Alive", f"timeout={self.server.connections.limits.idle_seconds:g}")
         self.end_headers()
         if status != 204 and self.command != "HEAD":
             self.wfile.write(body)

@@ -53,12 +53,22 @@ def test_a_long_run_folder_falls_back_to_the_hashed_name():
     assert os.path.basename(session_path(folder, "s1", "sock")).startswith("s-")
 
 
-def test_the_run_folder_is_made_private(tmp_path):
+def test_a_run_folder_it_creates_is_0700_whatever_the_umask(tmp_path):
     folder = tmp_path / "run"
-    folder.mkdir(mode=0o755)
+    old = os.umask(0o277)  # would leave it 0500, unusable
+    try:
+        ensure_run_dir(str(folder))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+
+
+def test_an_existing_private_enough_run_folder_is_used_as_it_is(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
     os.chmod(folder, 0o755)
     ensure_run_dir(str(folder))
-    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o755
 
 
 def test_a_run_folder_that_is_a_file_is_refused(tmp_path):
