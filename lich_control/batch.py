@@ -6,8 +6,9 @@ every value before it returns: a 16 MiB poll answer of `{}` is 5.5 million
 dicts. Both documents read here come from outside the daemon:
 
 - `loads` reads one document (a relay's message) as `json.loads` does, but
-  an over-long integer becomes an infinite float. No field takes a number,
-  so such a value is refused field by field instead of the message whole.
+  an over-long integer becomes an infinite float (no field takes a number,
+  so such a value is refused field by field instead of the message whole),
+  and a large one is first counted: past MAX_VALUES it is refused unbuilt.
 - `Answer` reads one poll answer, a JSON array, item by item as the poller
   asks for them: at most MAX_ITEMS items, at most MAX_VALUES values built
   from a large answer, an item nested too deep skipped alone, one that is
@@ -58,9 +59,22 @@ _OVER_ITEMS = f"holds more than {MAX_ITEMS:,} items; the rest of it was dropped"
 
 
 def loads(body: bytes) -> Any:
-    """One JSON document, as json.loads reads it but for over-long integers.
+    """One JSON document, as json.loads reads it but for over-long integers,
+    and never one that would build more than MAX_VALUES values (TooMany).
     Raises ValueError (not JSON, not UTF-8) or RecursionError (too deep)."""
-    return _DECODER.decode(body.decode("utf-8", "surrogatepass"))
+    text = body.decode("utf-8", "surrogatepass")
+    if len(text) > SMALL_ANSWER:
+        start = _SPACE.match(text).end()
+        if text.startswith(("[", "{"), start):
+            try:
+                _extent(text, start, MAX_VALUES)  # counted before anything is built
+            except _OverBudget:
+                raise TooMany(f"the body holds more than {MAX_VALUES:,} JSON values") from None
+    return _DECODER.decode(text)
+
+
+class TooMany(ValueError):
+    """A document that would build more values than one message may."""
 
 
 @attrs.frozen

@@ -195,6 +195,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             doc = batch.loads(body)  # an over-long integer is no reason to refuse a result
+        except batch.TooMany as exc:
+            return self._reply(400, f"{exc}\n".encode())
         except (ValueError, RecursionError):
             # ValueError: not JSON, or not UTF-8; nesting
             # deeper than the interpreter's stack is a RecursionError.

@@ -149,6 +149,20 @@ def test_a_relay_result_holding_a_huge_integer_is_taken(relay, lich):
     assert lich.wait(cid, WAIT).ok
 
 
+def test_a_relay_body_that_would_build_too_many_values_is_refused_unbuilt_and_the_call_still_settles(relay, lich):
+    r = relay()
+    r.wait_hello()
+    assert lich.wait_polled("s1", WAIT, parked=True)
+    cid = lich.queue("s1", {"kind": "model", "model": "opus"})
+    call = r.next_call()
+    bomb = b'{"id": "' + call["id"].encode() + b'", "ok": true, "value": [' + b",".join([b"{}"] * (MAX_VALUES + 1)) + b"]}"
+    status, text = r.post("/v1/result", bomb)
+    assert (status, text) == (400, f"the body holds more than {MAX_VALUES:,} JSON values\n".encode())
+    status, _ = r.post("/v1/result", json.dumps({"id": call["id"], "ok": True}).encode())
+    assert status == 204
+    assert lich.wait(cid, WAIT).ok
+
+
 # -- item 3: what one answer may cost ------------------------------------------------------
 
 
