@@ -104,7 +104,7 @@ class StubLich:
         """`newer_kinds` plays a lich newer than the mod: kinds beyond the
         contract's six (name -> its fields) that it queues and takes acks of.
         `record=False` keeps no record of polls and acks (long benchmarks)."""
-        self.token = token or secrets.token_urlsafe(24)
+        self.token = token or secrets.token_hex(24)  # never a leading "-", which a command line would take for an option
         self.hold = hold
         self.stale_after = stale_after
         self.kinds = dict(CONTRACT_KINDS, **{kind: tuple(fields) for kind, fields in (newer_kinds or {}).items()})
