@@ -10,7 +10,8 @@ Threads, each owning its own state:
   lich-acker   acks of prompts and slash commands as they settle (Acker);
   lich-ask-N   start forks and send their acks, up to the pool's size (Asks);
   lich-ask-deadlines  fails the forks that outlive their deadline (Asks);
-  lich-socket  accepts the relay's connections, a thread per connection;
+  lich-socket  accepts the relay's connections, a thread per connection
+               (64 at most: Connections);
   lich-lifeline  watches the pipes to the parent (ParentWatch).
 """
 from __future__ import annotations
