@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import struct
+import tracemalloc
 from urllib.parse import quote, quote_plus
 
 import pytest
@@ -273,3 +274,19 @@ def test_a_row_in_time_wait_names_no_owner(tmp_path):
         assert peer_uid(conn, tables=(str(table),)) is None  # the kernel's uid 0 of a TIME_WAIT row is no owner
         table.write_text(head + waiting + live)
         assert peer_uid(conn, tables=(str(table),)) == 1234
+
+
+def test_an_answer_in_two_byte_chunks_costs_its_size_not_an_object_per_chunk():
+    # 1 MiB as 2-byte chunks: kept as pieces, ~20 MiB of small objects.
+    raw = RawAnswer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n[\r\n" + b"2\r\n0,\r\n" * (512 * 1024) + b"1\r\n0\r\n1\r\n]\r\n0\r\n\r\n")
+    client = client_for(raw.port, deadlines=Deadlines(poll=60.0, ack=10.0))
+    tracemalloc.start()
+    try:
+        answer = client.poll()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        client.close()
+        raw.close()
+    assert sum(1 for _ in answer) == 1000  # read, up to the item cap
+    assert peak < 8 * 1024 * 1024, f"reading 1 MiB took {peak / 2**20:.1f} MiB"
