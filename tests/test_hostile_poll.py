@@ -138,27 +138,32 @@ def test_an_item_the_parser_refuses_costs_that_item_alone_in_the_real_daemon(rel
     assert r.status()["poll"]["failures"] == 0
 
 
-def test_a_relay_result_holding_a_huge_integer_is_taken(relay, lich):
+def a_model_call(relay, lich):
+    """A real daemon with a model override's call out to the relay: (relay, command id, the call)."""
     r = relay()
     r.wait_hello()
     assert lich.wait_polled("s1", WAIT, parked=True)
     cid = lich.queue("s1", {"kind": "model", "model": "opus"})
-    call = r.next_call()
-    status, _ = r.post("/v1/result", b'{"id": "' + call["id"].encode() + b'", "ok": true, "value": ' + HUGE + b"}")
+    return r, cid, r.next_call()
+
+
+def result_with_value(call, value: bytes) -> bytes:
+    return b'{"id": "' + call["id"].encode() + b'", "ok": true, "value": ' + value + b"}"
+
+
+def test_a_relay_result_holding_a_huge_integer_is_taken(relay, lich):
+    r, cid, call = a_model_call(relay, lich)
+    status, _ = r.post("/v1/result", result_with_value(call, HUGE))
     assert status == 204
     assert lich.wait(cid, WAIT).ok
 
 
 def test_a_relay_body_that_would_build_too_many_values_is_refused_unbuilt_and_the_call_still_settles(relay, lich):
-    r = relay()
-    r.wait_hello()
-    assert lich.wait_polled("s1", WAIT, parked=True)
-    cid = lich.queue("s1", {"kind": "model", "model": "opus"})
-    call = r.next_call()
-    bomb = b'{"id": "' + call["id"].encode() + b'", "ok": true, "value": [' + b",".join([b"{}"] * (MAX_VALUES + 1)) + b"]}"
+    r, cid, call = a_model_call(relay, lich)
+    bomb = result_with_value(call, b"[" + b",".join([b"{}"] * (MAX_VALUES + 1)) + b"]")
     status, text = r.post("/v1/result", bomb)
     assert (status, text) == (400, f"the body holds more than {MAX_VALUES:,} JSON values\n".encode())
-    status, _ = r.post("/v1/result", json.dumps({"id": call["id"], "ok": True}).encode())
+    status, _ = r.post("/v1/result", result_with_value(call, b"null"))
     assert status == 204
     assert lich.wait(cid, WAIT).ok
 
