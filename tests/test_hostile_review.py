@@ -1,16 +1,26 @@
 """Seams found by the review of the merged issue-15 work: each a way the
 pieces, sound alone, failed together."""
 import fcntl
+import gc
+import json
+import logging
 import os
 import resource
 import signal
 import subprocess
 import sys
 import threading
-import logging
+import weakref
 
 from lich_control import logs
+from lich_control.asks import Asks
+from lich_control.bridge import Bridge
+from lich_control.commands import parse_batch
 from lich_control.dev import procs
+from lich_control.engine import Turns
+from lich_control.status import Activity
+
+from fakes import ScriptedClient
 
 WAIT = 10.0
 F_SETPIPE_SZ = 1031  # Linux's fcntl: the smallest pipe is one page
@@ -86,3 +96,53 @@ def test_a_rotation_refused_is_said_outside_the_files_lock(tmp_path):
         handler.close()
     assert handler.given_up
     assert held == [False]
+
+
+# -- an answered ask is let go at once, not at its deadline -------------------------
+
+
+class _Stdout:
+    """The bridge's stdout as the relay reads it: the calls, in order."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.calls = []
+
+    def write(self, data):
+        with self.cond:
+            self.calls.append(json.loads(data))
+            self.cond.notify_all()
+
+    def flush(self):
+        pass
+
+    def wait(self, n):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.calls) >= n, WAIT), self.calls
+            return self.calls[n - 1]
+
+
+def test_an_answered_ask_is_let_go_at_once_not_kept_until_its_deadline():
+    # Its deadline (300 s) stayed queued, and with it the ask and the fork's
+    # answer: a lich sending large asks that forks answer at once held
+    # 300 s of them in memory.
+    stdout = _Stdout()
+    bridge = Bridge(stdout, Turns(), on_broken=lambda why: None)
+    client = ScriptedClient()
+    asks = Asks(bridge, lambda: client, Activity("s1", "relay", Turns()), "s1")
+    try:
+        hanging, command = parse_batch([{"id": "h1", "kind": "ask", "question": "hang?"}, {"id": "a1", "kind": "ask", "question": "x" * 100_000}])
+        asks.submit(hanging)  # its deadline first in line, the answered one's behind it
+        stdout.wait(1)
+        kept = weakref.ref(command)
+        asks.submit(command)
+        del command
+        call = stdout.wait(2)
+        bridge.result({"id": call["id"], "ok": True, "value": {"isAnswered": True, "text": "at once"}})
+        (ack,) = client.wait_acks(1)
+        assert (ack.id, ack.ok) == ("a1", True)
+        asks._pool.shutdown(wait=True)  # the ack's job is over: nothing of it on a thread's stack
+        gc.collect()
+        assert kept() is None
+    finally:
+        asks.stop()
