@@ -146,3 +146,22 @@ def test_an_answered_ask_is_let_go_at_once_not_kept_until_its_deadline():
         assert kept() is None
     finally:
         asks.stop()
+
+
+# -- a run folder whose path is not UTF-8 ---------------------------------------------
+
+
+def test_a_run_folder_that_is_not_utf8_is_a_bad_configuration(lich, tmp_path):
+    # The hello named its socket as "...\udcff...": the relay reads that as
+    # U+FFFD, reaches no socket, and every result it posts is lost.
+    folder = os.fsencode(str(tmp_path)) + b"/run-\xff"
+    env = {os.fsencode(k): os.fsencode(v) for k, v in procs.daemon_env().items()}
+    env.update({b"LICH_PORT": str(lich.port).encode(), b"LICH_TOKEN": b"tok", b"LICH_SESSION_ID": b"s1", b"LICH_CONTROL_RUN_DIR": folder})
+    proc = subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], cwd=procs.ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        procs.stop(proc)
+    assert proc.returncode == 2 and out == b""
+    assert err.count(b"\n") == 1 and b"is not valid UTF-8, so the relay could not reach the socket there" in err, err
+    assert not os.path.exists(folder)
