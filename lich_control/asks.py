@@ -117,17 +117,21 @@ class Asks:
 
 
 class Due:
-    """One deadline: when it falls, what to do then, and whether that still stands."""
+    """One deadline: when it falls, what to do then (None once cancelled),
+    and whether that still stands."""
 
     __slots__ = ("at", "action", "cancelled")
 
     def __init__(self, at: float, action: Callable[[], None]):
         self.at = at
-        self.action = action
+        self.action: Optional[Callable[[], None]] = action
         self.cancelled = False
 
     def cancel(self) -> None:
         self.cancelled = True
+        # A cancelled deadline waits in line until those before it fall: its
+        # action holds the ask and the fork's answer, which go now instead.
+        self.action = None
 
 
 class Deadlines:
@@ -174,8 +178,11 @@ class Deadlines:
                 due = self._next()
             if due is None:
                 return
+            action = due.action  # read once: a cancel may come meanwhile
+            if action is None:
+                continue
             try:
-                due.action()
+                action()
             except Exception:  # one failed deadline must not end the others
                 log.exception("acting on a fork's deadline failed")
 

@@ -45,11 +45,21 @@ class Config:
             raise NotInLich(", ".join(missing))
         for name in ("LICH_TOKEN", "LICH_SESSION_ID"):
             require_utf8(name, env[name])
+        folder = run_dir(env)
+        try:
+            folder.encode("utf-8")
+        except UnicodeEncodeError:
+            # The hello names the socket in JSON: the relay would read such
+            # a path with U+FFFD in it, reach no socket, and lose every result.
+            raise BadConfig(
+                f"the run folder {folder.encode('utf-8', 'backslashreplace').decode()} is not valid UTF-8, so the relay "
+                "could not reach the socket there; set LICH_CONTROL_RUN_DIR to another folder"
+            ) from None
         return cls(
             port=parse_port(env["LICH_PORT"]),
             token=env["LICH_TOKEN"],
             session_id=env["LICH_SESSION_ID"],
-            run_dir=run_dir(env),
+            run_dir=folder,
         )
 
     def path(self, suffix: str) -> str:

@@ -6,6 +6,7 @@ exception text that quotes a URL reaches a file or a terminal with the token.
 """
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import logging.handlers
@@ -101,10 +102,19 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
     The file is opened only if it is a plain file of ours (runfiles.open_own):
     at the start anything else raises runfiles.NotOurs, and the daemon does
     not start; found at a rotation, the file is given up, said once, and the
-    daemon goes on without it.
+    daemon goes on without it. A write that fails (a full disk, a file size
+    limit) loses its line, said once per spell of failures: never with
+    logging's own traceback on stderr, which a write to a pipe nobody reads
+    would block on, and the logging thread (the worker) with it.
+
+    Its state is guarded by the handler's own lock, which logging holds
+    around `emit`; what is to be said is said once that lock is released.
     """
 
     given_up = False
+    _failing = False  # a write failed and was said; cleared by one that works
+    _wrote = True  # whether the record in hand was written
+    _note: Optional[str] = None  # to be said once the lock is released
 
     def _open(self):
         fd = open_own(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -122,11 +132,41 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
         except NotOurs as exc:
             self.given_up = True
             self.stream = _Nowhere()  # the record in hand goes nowhere; later ones stop at emit
-            logging.getLogger("lich_control.logs").warning("no more log file: %s", exc)
+            self._note = f"no more log file: {exc}"
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        taken = super().handle(record)
+        # Said outside this handler's lock: saying it takes the stderr
+        # handler's, which that handler holds while it notes its own drops
+        # here. Taken in both orders, two threads could wait on each other.
+        with self.lock:
+            note, self._note = self._note, None
+        if note is not None:
+            logging.getLogger("lich_control.logs").warning("%s", note)
+        return taken
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not self.given_up:
-            super().emit(record)
+        if self.given_up:
+            return
+        self._wrote = True
+        super().emit(record)  # a failure comes to handleError, not here
+        if self._wrote:
+            self._failing = False
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:
+            pass  # its last lines could not be written either: said already, and the daemon is leaving
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self._wrote = False
+        if self._failing:
+            return
+        self._failing = True
+        exc = sys.exc_info()[1]
+        why = errno.errorcode.get(getattr(exc, "errno", None) or 0, type(exc).__name__)
+        self._note = f"writing the log file {self.baseFilename} failed ({why}): its lines are lost until a write works again"
 
 
 class _Nowhere(io.TextIOBase):

@@ -56,6 +56,11 @@ class StderrLines(logging.Handler):
         self.dropped = 1
         log.warning("stderr takes no more lines (nobody reads it?): warnings are dropped there until it does", extra={NOTE: True})
 
+    def handleError(self, record: logging.LogRecord) -> None:
+        # logging's own would print a traceback to this very stderr, with a
+        # blocking write; the log file reports the same record's failure.
+        pass
+
     def close(self) -> None:
         with self.lock:
             if self.dropped:
