@@ -31,6 +31,7 @@ log = logging.getLogger("lich_control.socket")
 
 BACKLOG = 512  # a burst of results must never be refused (bridge.md: at least 128)
 MAX_BODY = 16 * 1024 * 1024
+SKIP_PIECE = 64 * 1024
 # A request line and a header line are bounded by http.server (64 KiB) and
 # the number of header lines by http.client (100): both answer 414 or 431.
 ROUTES = ("/v1/result", "/v1/event", "/v1/status")
@@ -234,7 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length", "0")
         if "Transfer-Encoding" in self.headers or not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY:
             self.close_connection = True
-        elif int(length) and len(self.rfile.read(int(length))) < int(length):
+        elif not _skip(self.rfile, int(length)):
             self.close_connection = True
         self.server.connections.answering(self.connection)
 
@@ -274,6 +275,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.info("socket: " + format, *args)  # the library's own refusals; stderr is not ours to write
+
+
+def _skip(stream, size: int) -> bool:
+    """Read `size` bytes and keep none (a refused body may be 16 MiB, on
+    each of 64 connections); False if the stream ends first."""
+    while size:
+        piece = stream.read(min(size, SKIP_PIECE))
+        if not piece:
+            return False
+        size -= len(piece)
+    return True
 
 
 class UnixConnection(http.client.HTTPConnection):

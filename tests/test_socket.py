@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import stat
+import tracemalloc
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -214,3 +215,17 @@ def test_any_body_is_a_204_or_a_400_and_never_costs_the_connection(server, body)
         still_serving(conn)
     finally:
         conn.close()
+
+
+def test_a_refused_body_is_read_past_in_pieces_never_held_whole(server):
+    body = b"x" * (8 * 1024 * 1024)
+    conn = UnixConnection(server.path)
+    tracemalloc.start()
+    try:
+        assert conn.exchange("PUT", "/v1/event", body) == (405, b"method not allowed\n")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    still_serving(conn)
+    conn.close()
+    assert peak < 1024 * 1024, f"reading past 8 MiB took {peak / 2**20:.1f} MiB"
