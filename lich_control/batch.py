@@ -29,9 +29,10 @@ from typing import Any, Iterator, Optional, Tuple
 
 import attrs
 
-# lich queues a handful of commands per session; a thousand in one answer
-# is a broken or hostile lich, and the rest of its answer is dropped.
-MAX_ITEMS = 1000
+# lich hands a poll every command queued for the session, with no cap of
+# its own: a script may queue thousands at once (the benchmark's burst is
+# 2,000). Ten thousand is past any such use, and each one costs an ack.
+MAX_ITEMS = 10_000
 # Values (brackets and commas) one large answer may build: ~100 bytes each
 # once built, so ~10 MB at most, where the raw text could make 5.5 million.
 MAX_VALUES = 100_000
