@@ -14,6 +14,7 @@ import pytest
 from fakes import RawAnswer
 from lich_control import loopback
 from lich_control.ack import Ack
+from lich_control.batch import MAX_ITEMS
 from lich_control.config import Config
 from lich_control.dev.lich import AckAnswer, Answer, StubLich
 from lich_control.lich import AckFailed, Deadlines, LichClient, PollFailed, _too_large
@@ -288,5 +289,5 @@ def test_an_answer_in_two_byte_chunks_costs_its_size_not_an_object_per_chunk():
         tracemalloc.stop()
         client.close()
         raw.close()
-    assert sum(1 for _ in answer) == 1000  # read, up to the item cap
+    assert sum(1 for _ in answer) == MAX_ITEMS  # read, up to the item cap
     assert peak < 8 * 1024 * 1024, f"reading 1 MiB took {peak / 2**20:.1f} MiB"
