@@ -13,6 +13,7 @@ const FIRST_DELAY_MS = 1000
 const HEALTHY_MS = 60_000
 // Exit 2: the daemon refused its configuration (bridge.md); a restart cannot mend that.
 const CONFIG_ERROR = 2
+const POST_ATTEMPTS = 2
 export const NO_OVERRIDES = { model: null, effort: null }
 
 export class Bridge {
@@ -138,15 +139,26 @@ export class Bridge {
     })()
   }
 
-  // Waits for the daemon's socket, then posts; never throws.
+  // Waits for the daemon's socket, then posts; never throws. A post that
+  // failed on the way is sent once more to the same daemon: the daemon
+  // closes a kept-alive connection it finds idle at its limit, and a post
+  // written to it at that moment never arrives. Posting twice is safe: the
+  // daemon ignores a result for a call already settled, and the turn
+  // events are idempotent.
   async #post(path, body) {
-    const socketPath = await this.daemon.promise
+    const life = this.daemon
+    const socketPath = await life.promise
     if (socketPath === null) return
-    try {
-      const { status, text } = await this.host.send(socketPath, path, body)
-      if (status < 200 || status >= 300) this.host.log('warn', `the daemon answered ${status} to ${path}: ${text.trim()}`)
-    } catch (err) {
-      this.host.log('warn', `the daemon could not be reached for ${path}: ${messageOf(err)}`)
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const { status, text } = await this.host.send(socketPath, path, body)
+        if (status < 200 || status >= 300) this.host.log('warn', `the daemon answered ${status} to ${path}: ${text.trim()}`)
+        return
+      } catch (err) {
+        if (attempt < POST_ATTEMPTS && this.daemon === life) continue
+        this.host.log('warn', `the daemon could not be reached for ${path}: ${messageOf(err)}`)
+        return
+      }
     }
   }
 }

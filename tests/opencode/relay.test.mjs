@@ -86,6 +86,7 @@ function world(answers = {}, options = {}) {
   const posts = []
   const postWaiters = []
   const sleeps = []
+  let failing = options.failPosts ?? 0 // the next posts that fail on the way
   const relay = new Relay({
     client,
     python: options.python === undefined ? '/venv/bin/python' : options.python,
@@ -102,6 +103,10 @@ function world(answers = {}, options = {}) {
     post: async (socketPath, path, body) => {
       posts.push({ socketPath, path, body })
       for (const w of postWaiters.splice(0)) w()
+      if (failing > 0) {
+        failing -= 1
+        throw new Error('socket hang up')
+      }
       return { status: 204, text: '' }
     },
     sleep: ms => new Promise(wake => sleeps.push({ ms, wake })),
@@ -218,6 +223,22 @@ test('calls wait for the hello, and each result goes to the socket it named', as
   w.hello()
   assert.deepEqual(await w.result('c1'), { id: 'c1', ok: true, value: null })
   assert.equal(w.posts[0].socketPath, SOCKET)
+})
+
+test('a post that fails on the way is sent once more, and only a second failure is logged', async () => {
+  const w = world({}, { failPosts: 1 })
+  w.hello()
+  w.call('c1', 'overrides.set', { model: null, effort: null })
+  await until(() => w.posts.length === 2, [])
+  assert.deepEqual(w.posts.map(p => p.body), [{ id: 'c1', ok: true, value: null }, { id: 'c1', ok: true, value: null }])
+  await flush()
+  assert.deepEqual(w.client.named('app.log').filter(c => c.options.body.message.includes('could not be reached')), [])
+
+  const twice = world({}, { failPosts: 2 })
+  twice.hello()
+  twice.call('c1', 'overrides.set', { model: null, effort: null })
+  await until(() => twice.client.named('app.log').some(c => c.options.body.message.includes('could not be reached for /v1/result: socket hang up')), [])
+  assert.equal(twice.posts.length, 2)
 })
 
 test('a method the relay does not have is refused by name', async () => {
