@@ -20,7 +20,7 @@ from lich_control.dev import procs
 from lich_control.engine import Turns
 from lich_control.status import Activity
 
-from fakes import ScriptedClient
+from fakes import ScriptedClient, StdoutCalls
 
 WAIT = 10.0
 F_SETPIPE_SZ = 1031  # Linux's fcntl: the smallest pipe is one page
@@ -101,32 +101,11 @@ def test_a_rotation_refused_is_said_outside_the_files_lock(tmp_path):
 # -- an answered ask is let go at once, not at its deadline -------------------------
 
 
-class _Stdout:
-    """The bridge's stdout as the relay reads it: the calls, in order."""
-
-    def __init__(self):
-        self.cond = threading.Condition()
-        self.calls = []
-
-    def write(self, data):
-        with self.cond:
-            self.calls.append(json.loads(data))
-            self.cond.notify_all()
-
-    def flush(self):
-        pass
-
-    def wait(self, n):
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.calls) >= n, WAIT), self.calls
-            return self.calls[n - 1]
-
-
 def test_an_answered_ask_is_let_go_at_once_not_kept_until_its_deadline():
     # Its deadline (300 s) stayed queued, and with it the ask and the fork's
     # answer: a lich sending large asks that forks answer at once held
     # 300 s of them in memory.
-    stdout = _Stdout()
+    stdout = StdoutCalls(WAIT)
     bridge = Bridge(stdout, Turns(), on_broken=lambda why: None)
     client = ScriptedClient()
     asks = Asks(bridge, lambda: client, Activity("s1", "relay", Turns()), "s1")
