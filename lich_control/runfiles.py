@@ -22,14 +22,16 @@ class NotOurs(BadConfig):
 
 def open_own(path: str, flags: int) -> int:
     """A descriptor on the plain file of ours at `path` (created 0600 if
-    `flags` say so), made 0600 through the descriptor itself."""
-    refuse_foreign(path, stat.S_ISREG)
+    `flags` say so), made 0600 through the descriptor itself. What the open
+    refuses (a link, a FIFO without a reader, a folder, another user's file)
+    is looked at only then, to say which it is; what it takes is judged by
+    the descriptor."""
     try:
-        # O_NONBLOCK: a FIFO put there between the look and the open must not
-        # hang the open; it is refused below like anything else.
+        # O_NONBLOCK: a FIFO must not hang the open; it is refused below like
+        # anything else.
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, PRIVATE)
     except OSError as exc:
-        refuse_foreign(path, stat.S_ISREG)  # a link or a FIFO that came late: say which
+        refuse_foreign(path, stat.S_ISREG)
         raise NotOurs(f"cannot open {path}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
