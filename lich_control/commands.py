@@ -63,7 +63,7 @@ class Command:
         if len(cid) > MAX_ID_CHARS:
             # lich gave it an id, so it gets its ack (unless even that is
             # over lich's 64 KiB, which the ack path drops and logs).
-            return cls(id=cid, kind=kind if isinstance(kind, str) and kind else "unknown", problem=LONG_ID)
+            return cls(id=cid, kind=kind_named(kind), problem=LONG_ID)
         if not isinstance(kind, str) or not kind:
             what = "has no kind" if kind is None else f"has a kind that is not a string ({_json_type(kind)})"
             return cls(id=cid, kind="unknown", problem=f"command {what}")
@@ -71,14 +71,13 @@ class Command:
             return cls(id=cid, kind=kind, problem=UNKNOWN_KIND)
         return _PARSERS[kind](cid, item)
 
-
     @classmethod
     def _not_utf8(cls, item: Any) -> Union["Command", "Discarded"]:
         cid = item.get("id") if isinstance(item, dict) else None
         if not isinstance(cid, str) or not cid or garbled(cid):
             return Discarded("an item that is not valid UTF-8")
         kind = item.get("kind")
-        return cls(id=cid, kind=kind if isinstance(kind, str) and kind and not garbled(kind) else "unknown", problem=NOT_UTF8)
+        return cls(id=cid, kind="unknown" if isinstance(kind, str) and garbled(kind) else kind_named(kind), problem=NOT_UTF8)
 
 
 @attrs.frozen
@@ -86,6 +85,11 @@ class Discarded:
     """An item lich sent that cannot be acked: logged, never applied."""
 
     reason: str
+
+
+def kind_named(kind: Any) -> str:
+    """The kind an item names, for an ack that refuses it: "unknown" if it names none."""
+    return kind if isinstance(kind, str) and kind else "unknown"
 
 
 def parse_batch(items: List[Any]) -> List[Union[Command, Discarded]]:

@@ -46,15 +46,13 @@ class Config:
         for name in ("LICH_TOKEN", "LICH_SESSION_ID"):
             require_utf8(name, env[name])
         folder = run_dir(env)
-        try:
-            folder.encode("utf-8")
-        except UnicodeEncodeError:
+        if not is_utf8(folder):
             # The hello names the socket in JSON: the relay would read such
             # a path with U+FFFD in it, reach no socket, and lose every result.
             raise BadConfig(
                 f"the run folder {folder.encode('utf-8', 'backslashreplace').decode()} is not valid UTF-8, so the relay "
                 "could not reach the socket there; set LICH_CONTROL_RUN_DIR to another folder"
-            ) from None
+            )
         return cls(
             port=parse_port(env["LICH_PORT"]),
             token=env["LICH_TOKEN"],
@@ -71,10 +69,17 @@ def require_utf8(name: str, value: str) -> None:
     """Refuse a value whose bytes were not UTF-8 (os.environ keeps them as
     lone surrogates): it could go in no URL and no JSON. Its value is never
     shown: it may be the token."""
+    if not is_utf8(value):
+        raise BadConfig(f"{name} is not valid UTF-8; lich sets it to text")
+
+
+def is_utf8(text: str) -> bool:
+    """False for a text from the environment whose bytes were not UTF-8."""
     try:
-        value.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError:
-        raise BadConfig(f"{name} is not valid UTF-8; lich sets it to text") from None
+        return False
+    return True
 
 
 def parse_port(raw: str) -> int:

@@ -136,16 +136,14 @@ def main(argv=None) -> int:
     except NotInLich:
         return 0  # outside lich: never poll, say nothing
     except BadConfig as exc:
-        print(f"lich-control: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc)
     try:
         ensure_run_dir(config.run_dir)
         problem = socket_too_long(config.path("sock"))
         if problem:
             raise BadConfig(problem)
     except BadConfig as exc:
-        print(f"lich-control: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc)
     return run(config, args.engine, parent, None if args.engine == "sim" else args.host)
 
 
@@ -153,15 +151,13 @@ def run(config: Config, engine_name: str, parent: int, host: Optional[str] = Non
     try:  # BadConfig here: something not ours at the log's, the lock's or the socket's name
         stop_logging = logs.setup(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
     except BadConfig as exc:
-        print(f"lich-control: {exc}", file=sys.stderr)
-        return 2
+        return _refused(exc)
     lock = SessionLock(config.path("lock"))
     try:
         acquired = lock.acquire(_lock_wait())
     except BadConfig as exc:
-        print(f"lich-control: {exc}", file=sys.stderr)
         stop_logging()
-        return 2
+        return _refused(exc)
     if not acquired:
         print(f"lich-control: another daemon is still polling for session {config.session_id}; exiting", file=sys.stderr)
         stop_logging()
@@ -204,10 +200,9 @@ def run(config: Config, engine_name: str, parent: int, host: Optional[str] = Non
     try:
         server.listen()
     except BadConfig as exc:
-        print(f"lich-control: {exc}", file=sys.stderr)
         lock.release()
         stop_logging()
-        return 2
+        return _refused(exc)
     if engine_name != "sim":
         engine.hello(socket_path)
     watch.start()
@@ -233,6 +228,12 @@ def arm_exit_deadline(seconds: float) -> None:
     parent may have passed it down ignored."""
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+def _refused(exc: BadConfig) -> int:
+    """A configuration the daemon refuses: its one line, and exit 2 (the relay does not restart it)."""
+    print(f"lich-control: {exc}", file=sys.stderr)
+    return 2
 
 
 def _lock_wait() -> float:

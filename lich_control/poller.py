@@ -24,7 +24,7 @@ import attrs
 from .status import Activity
 from .backoff import Backoff
 from .batch import Answer
-from .commands import Command, Discarded
+from .commands import Command, Discarded, kind_named
 from .lich import LichClient, LichGone, PollFailed
 
 log = logging.getLogger("lich_control.poller")
@@ -193,7 +193,7 @@ def _unread(item: object):
     if not isinstance(cid, str) or not cid:
         return Discarded("an item the daemon failed to read (see its log)")
     kind = item.get("kind")
-    return Command(id=cid, kind=kind if isinstance(kind, str) and kind else "unknown", problem=HANDOFF_FAILED)
+    return Command(id=cid, kind=kind_named(kind), problem=HANDOFF_FAILED)
 
 
 def _shown(cid: str) -> str:

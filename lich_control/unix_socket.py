@@ -5,8 +5,9 @@ Both ends are the standard library's. The server is `http.server` over
 gets a thread that serves its requests while the relay keeps it alive, up to
 a bound on connections and on idle time (socket_connections). Nothing wakes
 on a timer: the accept and the reads block until the relay speaks, a read's
-timeout ends an idle connection, or `close` shuts the socket. `UnixConnection` is the client every
-tool and test uses to reach a daemon's socket.
+timeout ends an idle connection, or `close` shuts the socket.
+`UnixConnection` is the client every tool and test uses to reach a daemon's
+socket.
 """
 from __future__ import annotations
 
@@ -232,30 +233,37 @@ class _Handler(BaseHTTPRequestHandler):
         and the client's write of it never meets a closed socket; one that
         cannot be read past (no length, too large, cut short) closes it,
         so it is never taken for the next request."""
-        length = self.headers.get("Content-Length", "0")
-        if "Transfer-Encoding" in self.headers or not (length.isascii() and length.isdigit()) or int(length) > MAX_BODY:
-            self.close_connection = True
-        elif not _skip(self.rfile, int(length)):
+        length = self._declared_length(missing="0")
+        if length is None or length > MAX_BODY or not _skip(self.rfile, length):
             self.close_connection = True
         self.server.connections.answering(self.connection)
 
     def _body(self) -> Optional[bytes]:
         """The request's body, or None once a refusal is sent."""
-        length = self.headers.get("Content-Length")
-        if length is None or not (length.isascii() and length.isdigit()) or "Transfer-Encoding" in self.headers:
+        length = self._declared_length()
+        if length is None:
             self.close_connection = True
             self._reply(411, b"a Content-Length is required\n")
             return None
-        if int(length) > MAX_BODY:
+        if length > MAX_BODY:
             self.close_connection = True  # the body is left unread
             self._reply(413, b"the body is too large\n")
             return None
-        body = self.rfile.read(int(length))
-        if len(body) < int(length):
+        body = self.rfile.read(length)
+        if len(body) < length:
             self.close_connection = True  # the relay hung up mid-body
             return None
         self.server.connections.answering(self.connection)
         return body
+
+    def _declared_length(self, missing: Optional[str] = None) -> Optional[int]:
+        """The body's length as the request declares it (`missing` stands in
+        for no header); None when it cannot be read past: chunked, or not
+        a number ("²" is a digit to isdigit, not to int)."""
+        length = self.headers.get("Content-Length", missing)
+        if length is None or "Transfer-Encoding" in self.headers or not (length.isascii() and length.isdigit()):
+            return None
+        return int(length)
 
     def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
         self.send_response(status)
