@@ -23,12 +23,12 @@ test: $(STAMP)
 	$(VENV_PY) -m pytest
 
 demo: $(STAMP)
-	$(VENV_PY) -m lich_control.dev.demo
+	PYTHONPATH=tests $(VENV_PY) -m lich_dev.demo
 
 # Keeps a development lich and a daemon on the simulated session up for
-# driving by hand with bin/lich-stub control (it prints how).
+# driving by hand with tests/lich-stub control (it prints how).
 run: $(STAMP)
-	$(VENV_PY) -m lich_control.dev.demo --run
+	PYTHONPATH=tests $(VENV_PY) -m lich_dev.demo --run
 
 # Not part of make test (which runs it once with --smoke): a minute or two.
 # It measures the daemon as `pip install .` deploys it: an editable install's
@@ -37,7 +37,7 @@ bench:
 	@[ -x .venv-bench/bin/python ] || $(PYTHON) -m venv .venv-bench
 	.venv-bench/bin/python -m pip install --quiet --upgrade pip
 	.venv-bench/bin/python -m pip install --quiet --force-reinstall --no-deps . && .venv-bench/bin/python -m pip install --quiet .
-	.venv-bench/bin/python -m lich_control.bench $(BENCH_ARGS)
+	PYTHONPATH=tests .venv-bench/bin/python -m lich_bench $(BENCH_ARGS)
 
 # The relay inside the pinned Claude Code, and end to end with the daemon;
 # then the opencode relay, live in the pinned opencode.

@@ -1,6 +1,10 @@
 """The daemon: the gate, the threads wired together, and the way out.
 
-    python -m lich_control.daemon [--engine relay|sim] [--host claude-code|opencode]
+    python -m lich_control.daemon [--host claude-code|opencode]
+
+A tool that simulates a session runs the same daemon with its own engine:
+`main(simulated=factory)` (the checkout's `python -m lich_dev.sim`). The
+daemon imports no tool.
 
 Threads, each owning its own state:
   main         waits for a reason to stop (a signal, stdout broken, the
@@ -123,9 +127,10 @@ class Daemon:
         self.request_stop(reason)
 
 
-def main(argv=None) -> int:
+def main(argv=None, simulated=None) -> int:
+    """`simulated`, given by a tool: a factory `(turns) -> engine` that
+    stands in for the relay (no hello, nothing on stdout)."""
     parser = argparse.ArgumentParser(prog="lich-mod-daemon", description="The lich mod-control client for one session.")
-    parser.add_argument("--engine", choices=("relay", "sim"), default="relay", help="relay: the Claude Code relay on stdout and the socket (default); sim: a simulated session")
     # Only recorded, for the status document: the bridge is the same in both.
     parser.add_argument("--host", choices=("claude-code", "opencode"), default="claude-code", help="the program the relay runs in (default: claude-code)")
     parser.add_argument("--version", action="version", version=__version__)
@@ -144,10 +149,10 @@ def main(argv=None) -> int:
             raise BadConfig(problem)
     except BadConfig as exc:
         return _refused(exc)
-    return run(config, args.engine, parent, None if args.engine == "sim" else args.host)
+    return run(config, parent, None if simulated else args.host, simulated)
 
 
-def run(config: Config, engine_name: str, parent: int, host: Optional[str] = None) -> int:
+def run(config: Config, parent: int, host: Optional[str] = None, simulated=None) -> int:
     try:  # BadConfig here: something not ours at the log's, the lock's or the socket's name
         stop_logging = logs.setup(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
     except BadConfig as exc:
@@ -165,17 +170,15 @@ def run(config: Config, engine_name: str, parent: int, host: Optional[str] = Non
 
     turns = Turns()
     socket_path = config.path("sock")
-    activity = Activity(config.session_id, engine_name, turns, files={"socket": socket_path, "log_file": config.path("log")}, host=host, clean=Scrub.of(config.token))
+    activity = Activity(config.session_id, "sim" if simulated else "relay", turns, files={"socket": socket_path, "log_file": config.path("log")}, host=host, clean=Scrub.of(config.token))
 
     def stop(reason: str) -> None:
         # Bound late: the bridge needs this before the daemon exists, and
         # nothing calls it before the hello, which comes after.
         daemon.request_stop(reason)
 
-    if engine_name == "sim":
-        from .dev.sim import SimEngine
-
-        engine = SimEngine(turns, report=_sim_report)
+    if simulated:
+        engine = simulated(turns)
         routes = Routes(_no_relay, _no_relay, activity.snapshot, BadMessage)
     else:
         engine = Bridge(sys.stdout.buffer, turns, on_broken=stop)
@@ -203,7 +206,7 @@ def run(config: Config, engine_name: str, parent: int, host: Optional[str] = Non
         lock.release()
         stop_logging()
         return _refused(exc)
-    if engine_name != "sim":
+    if not simulated:
         engine.hello(socket_path)
     watch.start()
     if not daemon.wait(0):
@@ -245,11 +248,6 @@ def _lock_wait() -> float:
 
 def _no_relay(doc) -> None:
     log.info("a relay message reached a daemon on the simulated session; ignored")
-
-
-def _sim_report(line: str) -> None:
-    sys.stderr.write(f"session: {line}\n")
-    sys.stderr.flush()
 
 
 if __name__ == "__main__":

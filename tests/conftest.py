@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 import requests  # noqa: E402
 
-from lich_control.dev.lich import StubLich  # noqa: E402
+from lich_dev.lich import StubLich  # noqa: E402
 from relay import Relay  # noqa: E402
 
 

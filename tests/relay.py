@@ -10,16 +10,17 @@ import sys
 import threading
 import time
 
-from lich_control.dev.procs import ROOT, daemon_env, stop
+from lich_dev.procs import ROOT, daemon_env, stop
 from lich_control.unix_socket import unix_request
 
 
 class Relay:
     """The daemon started the way the relay starts it, and the relay's half of the bridge."""
 
-    def __init__(self, env, args=(), stdin=subprocess.PIPE):
+    def __init__(self, env, args=(), stdin=subprocess.PIPE, module="lich_control.daemon"):
+        # module: lich_dev.sim for the daemon on the simulated session
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lich_control.daemon", *args],
+            [sys.executable, "-m", module, *args],
             cwd=ROOT,
             env=daemon_env(**env),
             stdin=stdin,

@@ -5,15 +5,15 @@ import socket
 import subprocess
 import sys
 
-from lich_control.bench import floor
-from lich_control.dev.procs import ROOT, daemon_env
+from lich_bench import floor
+from lich_dev.procs import ROOT, daemon_env
 
 SECTIONS = ("startup", "floor", "dispatch", "ack", "burst", "asks", "idle", "scale")
 
 
 def test_the_smoke_benchmark_prints_the_table_and_the_json_with_every_section():
     done = subprocess.run(
-        [sys.executable, "-m", "lich_control.bench", "--smoke", "--quiet"],
+        [sys.executable, "-m", "lich_bench", "--smoke", "--quiet"],
         cwd=ROOT, env=daemon_env(), capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr

@@ -11,7 +11,7 @@ from urllib.parse import quote
 import pytest
 
 from fakes import RawAnswer
-from lich_control.dev.lich import AckAnswer, Answer, StubLich
+from lich_dev.lich import AckAnswer, Answer, StubLich
 
 REWIND = {"id": "m12", "kind": "rewind"}
 WAIT = 10.0

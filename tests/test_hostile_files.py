@@ -10,7 +10,7 @@ import pytest
 
 from lich_control import logs
 from lich_control.config import BadConfig, ensure_run_dir
-from lich_control.dev import procs
+from lich_dev import procs
 from lich_control.lifeline import SessionLock
 from lich_control.runfiles import NotOurs
 from lich_control.unix_socket import Routes, UnixHttpServer

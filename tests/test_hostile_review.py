@@ -16,7 +16,7 @@ from lich_control import logs
 from lich_control.asks import Asks
 from lich_control.bridge import Bridge
 from lich_control.commands import parse_batch
-from lich_control.dev import procs
+from lich_dev import procs
 from lich_control.engine import Turns
 from lich_control.status import Activity
 

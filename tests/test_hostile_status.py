@@ -16,8 +16,8 @@ import pytest
 
 from conftest import SCAN_TOKEN
 from lich_control import logs
-from lich_control.dev.faults import AckAnswer, Answer
-from lich_control.dev.procs import ROOT, daemon_env
+from lich_dev.faults import AckAnswer, Answer
+from lich_dev.procs import ROOT, daemon_env
 from lich_control.engine import Overrides, Turns
 from lich_control.status import Activity
 from lich_control.unix_socket import unix_request
@@ -276,7 +276,7 @@ def test_a_variable_that_is_not_utf8_is_a_bad_configuration(name, lich, tmp_path
     env.update({b"LICH_PORT": str(lich.port).encode(), b"LICH_TOKEN": b"tok-\xff\xfe-secret", b"LICH_SESSION_ID": b"s1", b"LICH_CONTROL_RUN_DIR": os.fsencode(run_dir)})
     if name == "LICH_SESSION_ID":
         env[b"LICH_TOKEN"], env[b"LICH_SESSION_ID"] = b"tok-plain-secret", b"s-\xff\xfe"
-    done = subprocess.run([sys.executable, "-m", "lich_control.daemon", "--engine", "sim"], cwd=ROOT, env=env, capture_output=True, timeout=30)
+    done = subprocess.run([sys.executable, "-m", "lich_dev.sim"], cwd=ROOT, env=env, capture_output=True, timeout=30)
     assert done.returncode == 2, done.stderr
     assert done.stderr.count(b"\n") == 1 and f"{name} is not valid UTF-8".encode() in done.stderr
     assert b"secret" not in done.stderr and b"\xff" not in done.stderr and b"\\udcff" not in done.stderr

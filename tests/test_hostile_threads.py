@@ -20,8 +20,8 @@ import pytest
 
 from lich_control.asks import POOL_SIZE, Asks, Deadlines
 from lich_control.bridge import Bridge
-from lich_control.dev import procs
-from lich_control.dev.faults import AckAnswer
+from lich_dev import procs
+from lich_dev.faults import AckAnswer
 from lich_control.engine import Turns
 from lich_control.stderr_lines import StderrLines, one_write
 from lich_control.status import Activity

@@ -16,7 +16,7 @@ from lich_control import loopback
 from lich_control.ack import Ack
 from lich_control.batch import MAX_ITEMS
 from lich_control.config import Config
-from lich_control.dev.lich import AckAnswer, Answer, StubLich
+from lich_dev.lich import AckAnswer, Answer, StubLich
 from lich_control.lich import AckFailed, Deadlines, LichClient, PollFailed, _too_large
 from lich_control.peer import peer_uid
 

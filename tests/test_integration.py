@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from lich_control import CONTRACT_RELEASE, __version__
-from lich_control.dev import procs
-from lich_control.dev.lich import AckAnswer, Answer
+from lich_dev import procs
+from lich_dev.lich import AckAnswer, Answer
 from lich_control.unix_socket import unix_request
 
 PROMPT = {"id": "m1", "kind": "prompt", "text": "run the tests"}

@@ -10,7 +10,7 @@ import pytest
 from fakes import RawAnswer
 from lich_control.ack import Ack
 from lich_control.config import Config
-from lich_control.dev.lich import Answer, StubLich
+from lich_dev.lich import Answer, StubLich
 from lich_control.lich import AckFailed, Deadlines, LichClient, PollFailed
 from lich_control.loopback import SocketWatch
 

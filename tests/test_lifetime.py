@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from lich_control.dev import procs
-from lich_control.dev.lich import NotPolling
+from lich_dev import procs
+from lich_dev.lich import NotPolling
 
 EXIT_WITHIN = 2.0
 WAIT = 10.0

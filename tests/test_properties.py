@@ -208,7 +208,7 @@ def test_an_answer_cut_short_yields_the_items_before_the_cut(batch, cut):
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    from lich_control.dev.lich import StubLich
+    from lich_dev.lich import StubLich
     from relay import Relay
 
     lich = StubLich().start()

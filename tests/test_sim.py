@@ -10,7 +10,7 @@ import time
 import pytest
 
 from lich_control.engine import Overrides, Turns
-from lich_control.dev.sim import DEFAULT_EFFORT, DEFAULT_MODEL, FORK_FAILURES, SimEngine
+from lich_dev.sim import DEFAULT_EFFORT, DEFAULT_MODEL, FORK_FAILURES, SimEngine
 
 LONG = 60.0
 WAIT = 5.0
@@ -174,7 +174,7 @@ def test_close_fails_what_waits_and_what_comes_after(make):
 
 def test_a_closed_session_fails_every_call_at_once():
     from lich_control.engine import Overrides, Turns
-    from lich_control.dev.sim import SimEngine
+    from lich_dev.sim import SimEngine
 
     engine = SimEngine(Turns(), turn_seconds=0.1, steps=1, fork_seconds=0.01)
     engine.close("the daemon is stopping")

@@ -6,8 +6,8 @@ import os
 import random
 
 from lich_control.asks import POOL_SIZE
-from lich_control.bench.procfs import proc_status
-from lich_control.dev.lich import AckAnswer
+from lich_bench.procfs import proc_status
+from lich_dev.lich import AckAnswer
 
 TOTAL = 2000
 BATCH = 50

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from lich_control import status_cli as statuscli
-from lich_control.dev.lich import Answer, StubLich
+from lich_dev.lich import Answer, StubLich
 from relay import Relay
 
 WAIT = 10.0
@@ -43,7 +43,7 @@ def world(tmp_path_factory):
     try:
         for session in ("live", "backoff", "gone"):
             env = {"LICH_PORT": str(lich.port), "LICH_TOKEN": lich.token, "LICH_SESSION_ID": session, "LICH_CONTROL_RUN_DIR": run_dir}
-            daemons.append(Relay(env, args=("--engine", "sim")))
+            daemons.append(Relay(env, module="lich_dev.sim"))
         assert lich.wait_polled("live", WAIT)
         assert lich.send("live", {"kind": "abort"}, WAIT).acked
         assert lich.wait_polled("backoff", WAIT, more_than=1)

@@ -13,9 +13,9 @@ import threading
 import pytest
 import requests
 
-from lich_control.dev.lich import NotPolling, Refused, StubLich
-from lich_control.dev.rules import PLUGIN_TOO_OLD
-from lich_control.dev.state import ACKED, DELIVERED, DROPPED, ENDED, WITHDRAWN
+from lich_dev.lich import NotPolling, Refused, StubLich
+from lich_dev.rules import PLUGIN_TOO_OLD
+from lich_dev.state import ACKED, DELIVERED, DROPPED, ENDED, WITHDRAWN
 
 WAIT = 5.0
 
@@ -293,7 +293,7 @@ def test_the_lich_keeps_the_last_release_each_session_named(http, lich, clock):
 
 
 def test_a_release_outside_the_range_or_none_is_warned_about_once_per_session_and_release(http, lich, caplog):
-    caplog.set_level(logging.WARNING, logger="lich_control.dev.lich")
+    caplog.set_level(logging.WARNING, logger="lich_dev.lich")
     first_poll(http, lich, "s1", plugin=None)  # a plugin older than the header
     first_poll(http, lich, "s1", plugin=None)  # the same again: no new warning
     first_poll(http, lich, "s1", plugin="0.1.0")
@@ -349,7 +349,7 @@ def test_an_unknown_path_closes_the_connection_so_its_body_is_not_read_as_a_requ
 
 
 def test_verbose_logging_names_each_request_by_its_path_never_its_token(http, lich, caplog):
-    caplog.set_level(logging.DEBUG, logger="lich_control.dev.lich")
+    caplog.set_level(logging.DEBUG, logger="lich_dev.lich")
     first_poll(http, lich)
     assert "GET /mod/commands -> 200" in caplog.messages
     assert not any(lich.token in line for line in caplog.messages)

@@ -11,8 +11,8 @@ import threading
 import pytest
 import requests
 
-from lich_control.dev.lich import AckAnswer, Answer, NotSeen, StubLich
-from lich_control.dev.faults import Faults
+from lich_dev.lich import AckAnswer, Answer, NotSeen, StubLich
+from lich_dev.faults import Faults
 
 WAIT = 5.0
 

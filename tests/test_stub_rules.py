@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from lich_control.dev.releases import CEILING, FLOOR, compatible, release_key
-from lich_control.dev.rules import (
+from lich_dev.releases import CEILING, FLOOR, compatible, release_key
+from lich_dev.rules import (
     CONTRACT_KINDS,
     PLUGIN_TOO_OLD,
     Refused,

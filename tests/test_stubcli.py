@@ -15,12 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from lich_control.dev import procs
-from lich_control.dev.cli import RUNTIME_NAME, Target, control, describe_failure, parser, write_runtime
-from lich_control.dev.lich import StubLich
-from lich_control.dev.rules import PLUGIN_TOO_OLD
-from lich_control.dev.state import DELIVERED, ENDED, WITHDRAWN, Outcome
-from lich_control.dev.procs import ROOT
+from lich_dev import procs
+from lich_dev.cli import RUNTIME_NAME, Target, control, describe_failure, parser, write_runtime
+from lich_dev.lich import StubLich
+from lich_dev.rules import PLUGIN_TOO_OLD
+from lich_dev.state import DELIVERED, ENDED, WITHDRAWN, Outcome
+from lich_dev.procs import ROOT
 from relay import Relay
 
 WAIT = 10.0
@@ -40,7 +40,7 @@ def world(tmp_path_factory):
             "LICH_SIM_TURN_SECONDS": "60",
             "LICH_SIM_FORK_SECONDS": "0.05",
         }
-        daemon = Relay(env, args=("--engine", "sim"))
+        daemon = Relay(env, module="lich_dev.sim")
         try:
             assert lich.wait_polled("s1", WAIT), daemon.stderr_lines
             yield lich, run_dir
@@ -50,7 +50,7 @@ def world(tmp_path_factory):
 
 def cli(run_dir, *args):
     env = procs.daemon_env(LICH_CONTROL_RUN_DIR=run_dir)
-    return subprocess.run([sys.executable, "-m", "lich_control.dev.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    return subprocess.run([sys.executable, "-m", "lich_dev.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
 
 
 def no_token(lich, *done):
@@ -177,7 +177,7 @@ def serving(run_dir, *args):
     """`lich-stub serve` as a subprocess, once it has printed its banner
     (it listens, and its runtime file is written): (process, banner, readline),
     where readline(stream) is one line of the process's, read within WAIT."""
-    proc = subprocess.Popen([sys.executable, "-m", "lich_control.dev.cli", "serve", *args], cwd=ROOT, env=procs.daemon_env(LICH_CONTROL_RUN_DIR=str(run_dir)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "lich_dev.cli", "serve", *args], cwd=ROOT, env=procs.daemon_env(LICH_CONTROL_RUN_DIR=str(run_dir)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     reader = ThreadPoolExecutor(1)
 
     def readline(stream):

@@ -30,8 +30,13 @@ def python() -> str:
     return os.path.abspath(named) if os.sep in named else (shutil.which(named) or named)
 
 
+def stub() -> List[str]:
+    """lich-stub, the checkout's development tool, in the interpreter under test."""
+    return [python(), os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lich-stub")]
+
+
 def tool(name: str) -> str:
-    """A console script of the project (lich-stub, lich-mod-status), beside the interpreter."""
+    """A console script of the project (lich-mod-status), beside the interpreter."""
     beside = os.path.join(os.path.dirname(python()), name)
     found = beside if os.access(beside, os.X_OK) else shutil.which(name)
     if not found:
@@ -84,7 +89,7 @@ class Lich(Closing):
         self.watch = watch
         self._env = tool_env(ws.lich_run_dir)
         self._log = open(ws.path("logs", "lich-stub.log"), "w")
-        self._proc = subprocess.Popen([tool("lich-stub"), "serve", "--verbose"], env=self._env, stdin=subprocess.DEVNULL,
+        self._proc = subprocess.Popen([*stub(), "serve", "--verbose"], env=self._env, stdin=subprocess.DEVNULL,
                                       stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         if watch is not None:
             watch.track(self._proc.pid)
@@ -114,14 +119,14 @@ class Lich(Closing):
 
     def begin(self, session_id: str, kind: str, *args: str, timeout: float = 20.0) -> Pending:
         """`lich-stub control SESSION KIND ARGS --json`, left running."""
-        argv = [tool("lich-stub"), "control", session_id, kind, *args, "--json", "--timeout", f"{timeout:g}"]
+        argv = [*stub(), "control", session_id, kind, *args, "--json", "--timeout", f"{timeout:g}"]
         return Pending(argv, self._env, self.watch, timeout)
 
     def control(self, session_id: str, kind: str, *args: str, timeout: float = 20.0) -> dict:
         return self.begin(session_id, kind, *args, timeout=timeout).result()
 
     def begin_ask(self, session_id: str, question: str, timeout: float = 30.0) -> Pending:
-        argv = [tool("lich-stub"), "ask", session_id, question, "--json", "--timeout", f"{timeout:g}"]
+        argv = [*stub(), "ask", session_id, question, "--json", "--timeout", f"{timeout:g}"]
         return Pending(argv, self._env, self.watch, timeout)
 
     def ask(self, session_id: str, question: str, timeout: float = 30.0) -> dict:

@@ -25,8 +25,8 @@ from urllib.parse import quote
 
 import attrs
 
-from .. import __version__
-from ..config import BadConfig, ensure_run_dir, run_dir
+from lich_control import __version__
+from lich_control.config import BadConfig, ensure_run_dir, run_dir
 from .control import DEFAULT_TIMEOUT
 from .lich import HOLD_SECONDS, StubLich
 from .state import DELIVERED, DROPPED, ENDED, Outcome

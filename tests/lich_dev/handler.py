@@ -29,7 +29,7 @@ from .faults import AckAnswer, Answer
 from .record import AckRecord, PollRecord
 from .rules import MAX_ACK_BYTES, parse_json, validate_ack
 
-log = logging.getLogger("lich_control.dev.lich")
+log = logging.getLogger("lich_dev.lich")
 
 PLUGIN_HEADER = "X-Lich-Plugin"
 RESET_LINGER = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a TCP reset

@@ -18,9 +18,9 @@ import threading
 import time
 from typing import Callable, List, Optional
 
-from ..dev.lich import StubLich
-from ..dev.procs import ROOT, daemon_env, stop
-from ..unix_socket import UnixConnection
+from lich_dev.lich import StubLich
+from lich_dev.procs import ROOT, daemon_env, stop
+from lich_control.unix_socket import UnixConnection
 from .common import CLOCK, WAIT, BenchError
 
 JSON = {"Content-Type": "application/json"}

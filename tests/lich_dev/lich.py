@@ -1,13 +1,13 @@
 """A development lich: the server side of the mod-control contract, small but faithful,
 and the one fake lich of the tests.
 
-    lich-stub serve [--port N] [--token T]          (python -m lich_control.dev.cli)
+    lich-stub serve [--port N] [--token T]          (python -m lich_dev.cli)
     lich-stub control SESSION prompt TEXT | abort | model [NAME] | ...
     lich-stub ask SESSION QUESTION
 
 In-process use (the demo, the tests, the benchmark)::
 
-    from lich_control.dev.lich import StubLich, Refused, NotPolling
+    from lich_dev.lich import StubLich, Refused, NotPolling
 
     with StubLich(hold=25.0) as lich:         # listens on 127.0.0.1, port 0
         lich.port, lich.token                   # give these to the daemon (LICH_PORT, LICH_TOKEN)
@@ -87,7 +87,7 @@ __all__ = [
     "validate_ack", "HOLD_SECONDS", "STALE_SECONDS", "MAX_ACK_BYTES",
 ]
 
-log = logging.getLogger("lich_control.dev.lich")
+log = logging.getLogger("lich_dev.lich")
 
 
 class StubLich:

@@ -6,7 +6,7 @@ import statistics
 import time
 from typing import List
 
-from ..dev.lich import StubLich
+from lich_dev.lich import StubLich
 from .common import CLOCK, WAIT, BenchError
 from .procfs import proc_cpu_ns, proc_cpu_s, proc_status, pss_mb, rss_mb, thread_switches
 from .relay import Relay

@@ -1,6 +1,6 @@
 """SimEngine: a simulated Claude Code session, for the demo and for trying things by hand.
 
-    lich-mod-daemon --engine sim
+    python -m lich_dev.sim        the daemon, on this simulated session
 
 It keeps the rules a real session keeps where the daemon can see them: a
 prompt starts its turn only once the session is idle, a slash command runs
@@ -25,9 +25,10 @@ import os
 import threading
 import time
 from concurrent.futures import Future
+import sys
 from typing import Callable, Deque, List, Optional, Tuple
 
-from ..engine import CallResult, Overrides, Turns, resolved
+from lich_control.engine import CallResult, Overrides, Turns, resolved
 
 DEFAULT_MODEL = "sim-model"
 DEFAULT_EFFORT = "medium"
@@ -225,3 +226,14 @@ def _env_float(name: str, default: float) -> float:
 def _short(text: str, limit: int = 48) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _report(line: str) -> None:
+    sys.stderr.write(f"session: {line}\n")
+    sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    from lich_control import daemon
+
+    sys.exit(daemon.main(simulated=lambda turns: SimEngine(turns, report=_report)))

@@ -1,8 +1,8 @@
 """The demo: a development lich, a daemon on the simulated session, every kind of command.
 
-    python -m lich_control.dev.demo          walk through every kind, check each
+    python -m lich_dev.demo          walk through every kind, check each
                                          outcome, show lich-mod-status, exit
-    python -m lich_control.dev.demo --run    keep both up for lich-stub control,
+    python -m lich_dev.demo --run    keep both up for lich-stub control,
                                          until Ctrl-C
 
 The lich runs in this process (`StubLich`); the daemon is a subprocess in
@@ -124,7 +124,7 @@ class Demo:
         )
         # stdin stays a pipe: if this process dies, the daemon sees it close and stops.
         self.daemon = subprocess.Popen(
-            [sys.executable, "-m", "lich_control.daemon", "--engine", "sim"],
+            [sys.executable, "-m", "lich_dev.sim"],
             cwd=ROOT,
             env=self.env,
             stdin=subprocess.PIPE,
@@ -292,9 +292,9 @@ def run_by_hand(say: Say) -> int:
             f"\nlich-stub on 127.0.0.1:{demo.lich.port}, daemon pid {demo.daemon.pid} on the simulated session {SESSION!r}.\n"
             "In another terminal:\n"
             f"  export LICH_CONTROL_RUN_DIR={demo.run_dir}\n"
-            f"  bin/lich-stub control {SESSION} prompt run the tests\n"
-            f"  bin/lich-stub control {SESSION} abort\n"
-            f"  bin/lich-stub ask {SESSION} what are you doing\n"
+            f"  tests/lich-stub control {SESSION} prompt run the tests\n"
+            f"  tests/lich-stub control {SESSION} abort\n"
+            f"  tests/lich-stub ask {SESSION} what are you doing\n"
             f"  bin/lich-mod-status {SESSION}\n"
             "Ctrl-C here stops everything.\n",
             flush=True,

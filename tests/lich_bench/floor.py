@@ -1,7 +1,7 @@
 """The lich side's floor: a bare requests.Session, the environment ignored
 and its connection kept alive, posting the same ack to a lich back to back.
 
-    python -m lich_control.bench.floor PORT N      (the token in LICH_TOKEN)
+    python -m lich_bench.floor PORT N      (the token in LICH_TOKEN)
 
 It runs in a process of its own, as the daemon does, and prints one JSON
 line: the median round trip and the rate.
@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import requests
 
-from .. import CONTRACT_RELEASE
+from lich_control import CONTRACT_RELEASE
 from .common import CLOCK, floor_figures
 
 

@@ -14,8 +14,10 @@ import subprocess
 from typing import Dict, Optional
 
 # The folder that holds the lich_control package: a child runs from the
-# checkout, whatever is installed.
+# checkout, whatever is installed; the tools (lich_dev, lich_bench) are in
+# TOOLS beside the tests, never in what the plugin installs.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOLS = os.path.join(ROOT, "tests")
 
 STOP_GRACE = 5.0
 
@@ -29,7 +31,7 @@ def daemon_env(**lich: str) -> Dict[str, str]:
     only the lich it was given."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LICH_")}
     env.update(lich)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, TOOLS, env.get("PYTHONPATH", "")])
     return env
 
 

@@ -9,9 +9,9 @@ import sys
 import threading
 from typing import Dict, List, Optional
 
-from ..dev.lich import StubLich
-from ..dev.procs import ROOT, daemon_env
-from ..unix_socket import UnixConnection
+from lich_dev.lich import StubLich
+from lich_dev.procs import ROOT, daemon_env
+from lich_control.unix_socket import UnixConnection
 from .common import CLOCK, WAIT, BenchError, floor_figures
 from .relay import JSON, Relay
 
@@ -186,7 +186,7 @@ def run_requests_floor(lich: StubLich, n: int) -> dict:
     """The lich side's floor: a bare requests.Session in its own process
     posting the same ack to the same lich n times back to back."""
     done = subprocess.run(
-        [sys.executable, "-m", "lich_control.bench.floor", str(lich.port), str(n)],
+        [sys.executable, "-m", "lich_bench.floor", str(lich.port), str(n)],
         cwd=ROOT,
         env=daemon_env(LICH_TOKEN=lich.token),
         capture_output=True,

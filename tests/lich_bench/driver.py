@@ -1,6 +1,6 @@
 """The benchmark: the daemon against the development lich and a relay stand-in.
 
-    python -m lich_control.bench [--runs N] [--smoke] [--json FILE] [sizes...]
+    python -m lich_bench [--runs N] [--smoke] [--json FILE] [sizes...]
 
 Everything but the daemon runs in this process: the development lich
 (`StubLich`, on loopback) and the relay stand-in (`relay.py`), which answers
@@ -36,7 +36,7 @@ from typing import Callable, Dict, List
 
 import attrs
 
-from ..dev.lich import StubLich
+from lich_dev.lich import StubLich
 from .common import BenchError
 from .fleet import run_idle, run_scale
 from .report import flags, machine, percentile, summarize, table
@@ -99,7 +99,7 @@ def one_run(sizes: Sizes, index: int, run_dir: str, log: Callable[[str], None]) 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lich_control.bench", description="Measure the daemon against the floors of its stack.")
+    parser = argparse.ArgumentParser(prog="python -m lich_bench", description="Measure the daemon against the floors of its stack.")
     defaults = Sizes()
     parser.add_argument("--smoke", action="store_true", help="a tiny configuration that only proves the benchmark works")
     parser.add_argument("--runs", type=int, help=f"runs of the per-run scenarios (default {defaults.runs})")
