@@ -90,10 +90,6 @@ class ForeignListener(Exception):
     """The program on the other end belongs to another user; the text is a phrase."""
 
 
-class _Failed(Exception):
-    """The exchange failed; the text is a phrase, the cause the original."""
-
-
 class LichClient:
     def __init__(self, config: Config, timeouts: ExchangeTimeouts = ExchangeTimeouts(), uid: Optional[int] = None):
         """`uid` is the user lich must run as: ours unless a test says otherwise."""
@@ -114,10 +110,7 @@ class LichClient:
 
     def poll(self) -> bytes:
         """One long poll: the body of lich's 200, which the poller reads."""
-        try:
-            status, _, body = self._exchange(self._poll, self._timeouts.poll, MAX_POLL_BODY)
-        except _Failed as exc:
-            raise PollFailed(str(exc)) from exc.__cause__
+        status, _, body = self._exchange(self._poll, self._timeouts.poll, MAX_POLL_BODY, PollFailed)
         if status == 404:
             raise LichGone("lich answered 404")
         if status != 200:
@@ -128,10 +121,7 @@ class LichClient:
         """Post one ack; AckFailed says why it did not land."""
         request = self._ack.copy()
         request.prepare_body(data=ack.body(), files=None)
-        try:
-            status, reason, text = self._exchange(request, self._timeouts.ack, MAX_ACK_ANSWER)
-        except _Failed as exc:
-            raise AckFailed(str(exc)) from exc.__cause__
+        status, reason, text = self._exchange(request, self._timeouts.ack, MAX_ACK_ANSWER, AckFailed)
         if 200 <= status < 300:
             return
         said = " ".join(text.decode("utf-8", "replace").split()) or reason or "no reason given"
@@ -144,8 +134,8 @@ class LichClient:
     def close(self) -> None:
         self._session.close()
 
-    def _exchange(self, request: requests.PreparedRequest, seconds: float, limit: int) -> Tuple[int, str, bytes]:
-        """(status, reason, body) of one request, sent once: one that failed
+    def _exchange(self, request: requests.PreparedRequest, seconds: float, limit: int, failed: type) -> Tuple[int, str, bytes]:
+        """(status, reason, body) of one request, or `failed` with a phrase. Sent once: one that failed
         may have reached lich, and a poll or an ack must not be taken twice.
         A kept connection lich closed meanwhile is noticed by urllib3 before
         the request goes out, and replaced. The whole exchange ends within
@@ -158,14 +148,15 @@ class LichClient:
                 body = _read_capped(response, limit)
             finally:
                 response.close()  # a body left unread closes the connection, never reuses it
-        except _Failed:
-            raise
         except _WIRE_ERRORS as exc:
             phrase = _phrase(exc, self._port, seconds)
             log.debug("%s %s failed: %s", request.method, request.path_url.partition("?")[0], phrase, exc_info=True)
-            raise _Failed(phrase) from exc
+            raise failed(phrase) from exc
         finally:
             self._adapter.deadline = None
+        if body is None:
+            size = f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit // 1024} KiB"
+            raise failed(f"lich's answer is over {size}")
         return response.status_code, response.reason, body
 
 
@@ -231,26 +222,21 @@ class _NoRedirects(requests.Session):
         return None
 
 
-def _read_capped(response: requests.Response, limit: int) -> bytes:
-    """The body, or _Failed once it is past `limit`: refused unread when its
+def _read_capped(response: requests.Response, limit: int) -> Optional[bytes]:
+    """The body, or None once it is past `limit`: refused unread when its
     Content-Length says so, or as soon as the bytes read pass it (a chunked
     answer declares none)."""
     declared = response.raw.length_remaining  # urllib3's reading of Content-Length
     if declared is not None and declared > limit:
-        raise _Failed(_too_large(limit))
+        return None
     # One growing buffer, not a list of pieces: a chunked answer of 2-byte
     # chunks would otherwise cost an object per chunk, 60 times its size.
     body = bytearray()
     for chunk in response.iter_content(CHUNK):
         body += chunk
         if len(body) > limit:
-            raise _Failed(_too_large(limit))
+            return None
     return bytes(body)
-
-
-def _too_large(limit: int) -> str:
-    size = f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit // 1024} KiB"
-    return f"lich's answer is over {size}"
 
 
 # -- the connection ------------------------------------------------------------------------
