@@ -1,18 +1,19 @@
-"""Commands as lich sends them: parsed and checked once, where they arrive.
+"""What lich sends, read once where it arrives: a JSON document within the
+daemon's memory bound (`loads`), and each command of a poll answer checked
+(`Command.from_json`), with the texts the worker and the asks make of them.
 
-`Command.from_json` reads one item of a poll's JSON array (`parse_batch` a
-list of them). Whatever an item holds, parsing never raises for it: an item
-lich gave an id becomes a `Command` (with `problem` set when it cannot be
-applied, which is then the ack's error), and an item with no usable id
-becomes a `Discarded` the poller counts, since there is nothing to ack it under.
+`Command.from_json` never raises for an item: one lich gave an id becomes a
+`Command` (with `problem` set when it cannot be applied, which is then the
+ack's error), and one with no usable id becomes a `Discarded` the poller
+counts, since there is nothing to ack it under.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Union
+import json
+import re
+from typing import Any, Optional, Union
 
 import attrs
-
-from .batch import NotUtf8, garbled
 
 KINDS = ("prompt", "abort", "model", "effort", "command", "ask")
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
@@ -24,7 +25,50 @@ LONG_ID = f"the id is over {MAX_ID_CHARS:,} characters; such a command is not ap
 
 UNKNOWN_KIND = "unknown kind"
 UNKNOWN_EFFORT = "unknown effort"
-NOT_UTF8 = "the command is not valid UTF-8; it is not applied"
+
+# JSON values (brackets and commas) one document may build: ~100 bytes each
+# once built, so ~10 MB at most, where 16 MiB of `[{},{},...]` would build
+# 5.5 million dicts. A poll answer of 10,000 commands builds under 100,000.
+MAX_VALUES = 100_000
+# A JSON string, closed or running to the end of the text (so that no quote
+# starts a second scan to the end): what the count of values leaves out.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+
+
+class TooMany(ValueError):
+    """A document that would build more values than one may."""
+
+
+def _int_or_inf(digits: str) -> Any:
+    try:
+        return int(digits)
+    except ValueError:  # past sys.get_int_max_str_digits (4,300): no field takes a number anyway
+        return float(digits)
+
+
+_DECODER = json.JSONDecoder(parse_int=_int_or_inf)
+
+
+def loads(body: bytes) -> Any:
+    """One JSON document from outside the daemon, read as json.loads reads
+    bytes (UTF-8, -16 or -32, as RFC 8259 allows), but for two things: an
+    integer of more than 4,300 digits, which Python refuses the whole document
+    for, reads as infinity (a number: any field that wants a string refuses
+    it, so it costs its command alone); and a document that would build more
+    than MAX_VALUES values is refused (TooMany) before anything is built.
+    Raises ValueError (not JSON, not in a Unicode encoding) or RecursionError
+    (nested deeper than the interpreter's stack)."""
+    text = body.decode(json.detect_encoding(body), "surrogatepass")
+    if count_values(text) > MAX_VALUES:
+        raise TooMany(f"the body holds more than {MAX_VALUES:,} JSON values")
+    return _DECODER.decode(text)
+
+
+def count_values(text: str) -> int:
+    """The brackets and commas of a JSON text, its strings left out: one
+    pass of the regular expression engine, then five counts."""
+    bare = _STRING.sub("", text)
+    return sum(map(bare.count, "[]{},"))
 
 
 @attrs.frozen
@@ -51,8 +95,6 @@ class Command:
 
     @classmethod
     def from_json(cls, item: Any) -> Union["Command", "Discarded"]:
-        if isinstance(item, NotUtf8):
-            return cls._not_utf8(item.value)
         if not isinstance(item, dict):
             return Discarded(f"an item that is not a JSON object ({_json_type(item)})")
         cid = item.get("id")
@@ -63,21 +105,13 @@ class Command:
         if len(cid) > MAX_ID_CHARS:
             # lich gave it an id, so it gets its ack (unless even that is
             # over lich's 64 KiB, which the ack path drops and logs).
-            return cls(id=cid, kind=kind_named(kind), problem=LONG_ID)
+            return cls(id=cid, kind=kind if isinstance(kind, str) and kind else "unknown", problem=LONG_ID)
         if not isinstance(kind, str) or not kind:
             what = "has no kind" if kind is None else f"has a kind that is not a string ({_json_type(kind)})"
             return cls(id=cid, kind="unknown", problem=f"command {what}")
         if kind not in KINDS:
             return cls(id=cid, kind=kind, problem=UNKNOWN_KIND)
         return _PARSERS[kind](cid, item)
-
-    @classmethod
-    def _not_utf8(cls, item: Any) -> Union["Command", "Discarded"]:
-        cid = item.get("id") if isinstance(item, dict) else None
-        if not isinstance(cid, str) or not cid or garbled(cid):
-            return Discarded("an item that is not valid UTF-8")
-        kind = item.get("kind")
-        return cls(id=cid, kind="unknown" if isinstance(kind, str) and garbled(kind) else kind_named(kind), problem=NOT_UTF8)
 
 
 @attrs.frozen
@@ -87,13 +121,6 @@ class Discarded:
     reason: str
 
 
-def kind_named(kind: Any) -> str:
-    """The kind an item names, for an ack that refuses it: "unknown" if it names none."""
-    return kind if isinstance(kind, str) and kind else "unknown"
-
-
-def parse_batch(items: List[Any]) -> List[Union[Command, Discarded]]:
-    return [Command.from_json(item) for item in items]
 
 
 def notification_text(text: str, note: Notification) -> str:

@@ -1,40 +1,49 @@
-"""LichClient: the two HTTP exchanges with lich, on `requests`, and nothing else.
+"""LichClient: the two HTTP exchanges with lich, a poll and an ack, on `requests`.
 
 Each client owns one `requests.Session` and is used by one thread (the
-poller, the worker, the acker, each ask thread); `abandon` is the one call
-another thread may make. The session keeps one connection to loopback alive,
-reads no proxy or `.netrc` from the environment, never retries, and streams
-each answer so no more than its limit is ever read.
+poller, the worker, the acker, each ask); `abandon` is the one call another
+thread may make. The session keeps one connection to loopback alive, reads
+no proxy or `.netrc` from the environment, never retries, never follows a
+redirect, and streams each answer so no more than its limit is read.
 
-Every exchange ends by its deadline however lich answers (a byte at a
-time, a header line that never ends, `100 Continue` for ever), and a new
-connection carries the token only once the program on the other end is
-known to be ours, or cannot be known (loopback.py, peer.py).
+Three duties are added to urllib3's connection (LoopbackAdapter):
+- the owner check: a new connection carries the token only once the program
+  that accepted it is known to be of our own user, or cannot be known;
+- the deadline: every exchange ends by its deadline however lich answers;
+- `abandon`: another thread can cut a request parked in a blocking read.
 
-Every error leaves here as a short phrase: the exception texts of `requests`
-and `urllib3` hold the URL, and so the token, and none of them is passed on;
-what lich says itself is passed on with the token taken out.
+A failed exchange leaves as PollFailed or AckFailed, worded from the classes
+of the exceptions `requests` and urllib3 raise (their texts hold the URL, and
+so the token), raised from the original, which is logged with its traceback
+at debug level: the log filter takes the token out.
 """
 from __future__ import annotations
 
-import errno
+import functools
 import http.client
+import ipaddress
+import logging
 import os
 import socket
-from typing import Any, Iterator, List, Optional
+import struct
+import threading
+import time
+from typing import Any, Iterator, List, Optional, Tuple
 from urllib.parse import quote
 
 import attrs
 import requests
 import urllib3
+from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
+from urllib3.connection import HTTPConnection
+from urllib3.connectionpool import HTTPConnectionPool
 
 from . import CONTRACT_RELEASE, __version__
 from .ack import Ack
-from .batch import Answer, NotAnArray, read_answer
 from .config import Config
-from .loopback import CuttableAdapter, Deadline, ForeignListener
-from .safe_text import Scrub
+
+log = logging.getLogger("lich_control.lich")
 
 CONNECT_TIMEOUT = 3.0
 MAX_POLL_BODY = 16 * 1024 * 1024
@@ -47,10 +56,12 @@ HEADERS = {
     # Loopback gains nothing from compression, and the limits are then on bytes read.
     "Accept-Encoding": "identity",
 }
+# Where Linux lists its TCP sockets with their owners.
+TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 
 
 @attrs.frozen
-class Deadlines:
+class ExchangeTimeouts:
     """The most one exchange may take, in seconds, from the request going out
     (connecting included) to the last byte of the answer read."""
 
@@ -75,74 +86,61 @@ class AckFailed(Exception):
         self.refused = refused  # lich answered 4xx: retrying would not help
 
 
-class _Failed(Exception):
-    """The exchange failed; the text is already a safe phrase."""
+class ForeignListener(Exception):
+    """The program on the other end belongs to another user; the text is a phrase."""
 
 
 class LichClient:
-    def __init__(self, config: Config, deadlines: Deadlines = Deadlines(), uid: Optional[int] = None):
+    def __init__(self, config: Config, timeouts: ExchangeTimeouts = ExchangeTimeouts(), uid: Optional[int] = None):
         """`uid` is the user lich must run as: ours unless a test says otherwise."""
         self._port = config.port
-        self._deadlines = deadlines
-        self._scrub = Scrub.of(config.token)
+        self._timeouts = timeouts
         token, sid = quote(config.token, safe=""), quote(config.session_id, safe="")
         base = config.lich_url
-        self._deadline = Deadline()
-        self._adapter = CuttableAdapter(self._deadline, os.getuid() if uid is None else uid)
-        self._session = _LichSession()
+        self._adapter = LoopbackAdapter(os.getuid() if uid is None else uid)
+        self._session = _NoRedirects()
         self._session.trust_env = False
         self._session.headers = CaseInsensitiveDict(HEADERS)
         self._session.mount("http://", self._adapter)
-        # Prepared once: every poll is the same request, and every ack differs
-        # only in its body.
+        # Prepared once: every poll is the same request, and every ack differs only in its body.
         self._poll = self._session.prepare_request(requests.Request("GET", f"{base}/mod/commands?token={token}&session_id={sid}"))
         self._ack = self._session.prepare_request(
             requests.Request("POST", f"{base}/mod/acks?token={token}", headers={"Content-Type": "application/json"})
         )
 
-    def poll(self) -> Answer:
-        """One long poll: the commands lich answered with, oldest first."""
-        try:
-            status, _, body = self._exchange(self._poll, self._deadlines.poll, MAX_POLL_BODY)
-        except _Failed as exc:
-            raise PollFailed(str(exc)) from None
+    def poll(self) -> bytes:
+        """One long poll: the body of lich's 200, which the poller reads."""
+        status, _, body = self._exchange(self._poll, self._timeouts.poll, MAX_POLL_BODY, PollFailed)
         if status == 404:
             raise LichGone("lich answered 404")
         if status != 200:
             raise PollFailed(f"lich answered {status}")
-        try:
-            return read_answer(body)  # read item by item as the poller takes them: batch.py
-        except NotAnArray as exc:
-            raise PollFailed(f"lich answered 200 with {exc}") from None
+        return body
 
     def ack(self, ack: Ack) -> None:
         """Post one ack; AckFailed says why it did not land."""
         request = self._ack.copy()
         request.prepare_body(data=ack.body(), files=None)
-        try:
-            status, reason, text = self._exchange(request, self._deadlines.ack, MAX_ACK_ANSWER)
-        except _Failed as exc:
-            raise AckFailed(str(exc)) from None
+        status, reason, text = self._exchange(request, self._timeouts.ack, MAX_ACK_ANSWER, AckFailed)
         if 200 <= status < 300:
             return
-        # lich's own words may repeat the request's URL, and so the token.
-        said = _one_line(self._scrub.redact(text.decode("utf-8", "replace"))) or _one_line(self._scrub.redact(reason or "")) or "no reason given"
+        said = " ".join(text.decode("utf-8", "replace").split()) or reason or "no reason given"
         raise AckFailed(f"lich refused it: {status} {said}", refused=400 <= status < 500)
 
     def abandon(self) -> None:
         """Cut any request in flight from another thread (a parked poll at shutdown)."""
-        self._adapter.sockets.shut_all()
+        self._adapter.abandon()
 
     def close(self) -> None:
         self._session.close()
 
-    def _exchange(self, request: requests.PreparedRequest, seconds: float, limit: int):
-        """(status, reason, body) of one request, sent once: one that failed
+    def _exchange(self, request: requests.PreparedRequest, seconds: float, limit: int, failed: type) -> Tuple[int, str, bytes]:
+        """(status, reason, body) of one request, or `failed` with a phrase. Sent once: one that failed
         may have reached lich, and a poll or an ack must not be taken twice.
         A kept connection lich closed meanwhile is noticed by urllib3 before
         the request goes out, and replaced. The whole exchange ends within
-        `seconds`: each read's timeout is what is left of them."""
-        self._deadline.start(seconds)
+        `seconds` (see _DeadlineSocket)."""
+        self._adapter.deadline = time.monotonic() + seconds
         try:
             timeout = (min(CONNECT_TIMEOUT, seconds), seconds)
             response = self._session.send(request, stream=True, timeout=timeout, allow_redirects=False, proxies={})
@@ -150,25 +148,73 @@ class LichClient:
                 body = _read_capped(response, limit)
             finally:
                 response.close()  # a body left unread closes the connection, never reuses it
-        except ForeignListener as exc:
-            raise _Failed(str(exc)) from None
         except _WIRE_ERRORS as exc:
-            raise _Failed(_describe(exc, self._port, seconds)) from None
+            phrase = _phrase(exc, self._port, seconds)
+            log.debug("%s %s failed: %s", request.method, request.path_url.partition("?")[0], phrase, exc_info=True)
+            raise failed(phrase) from exc
         finally:
-            self._deadline.clear()
+            self._adapter.deadline = None
+        if body is None:
+            size = f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit // 1024} KiB"
+            raise failed(f"lich's answer is over {size}")
         return response.status_code, response.reason, body
 
 
-# What a request can raise on the way or on a hostile answer: requests wraps
-# nearly all of it, and what it lets through of urllib3 and http.client is
-# still one failed exchange, never a dead poller. ValueError and
-# OverflowError among it: a negative chunk size reaches a read of
-# http.client's as a negative length, one of 20 digits as a huge one.
-_BAD_LENGTH = (ValueError, OverflowError)
-_WIRE_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError, *_BAD_LENGTH)
+# What an exchange can raise: requests wraps nearly all of it, and what it
+# lets through of urllib3 and http.client (a chunk size of 20 hex digits
+# reaches a read as a length too large, a negative one as a negative length)
+# is still one failed exchange, never a dead poller.
+_WIRE_ERRORS = (
+    requests.RequestException,
+    urllib3.exceptions.HTTPError,
+    http.client.HTTPException,
+    OSError,
+    ValueError,
+    OverflowError,
+    ForeignListener,
+)
 
 
-class _LichSession(requests.Session):
+def _phrase(exc: BaseException, port: int, seconds: float) -> str:
+    """What went wrong, sorted by the classes of the exception and its causes
+    as HTTPAdapter.send sorts urllib3's: never from their texts."""
+    if isinstance(exc, ForeignListener):
+        return str(exc)
+    if isinstance(exc, requests.ConnectTimeout):
+        return f"could not connect to lich on port {port} in time"
+    causes = list(_causes(exc))
+
+    def caused_by(*kinds: type) -> bool:
+        return any(isinstance(cause, kinds) for cause in causes)
+
+    # A read's timeout is what was left of the exchange's: either is the deadline.
+    if caused_by(requests.ReadTimeout, urllib3.exceptions.ReadTimeoutError, socket.timeout):
+        return f"lich did not answer within {seconds:g} s"
+    if caused_by(ConnectionRefusedError):
+        return f"nothing listens on port {port} (is lich running?)"
+    if caused_by(http.client.RemoteDisconnected):
+        return "lich closed the connection without answering"
+    if caused_by(ConnectionResetError):
+        return "lich reset the connection"
+    if caused_by(requests.exceptions.ChunkedEncodingError, http.client.IncompleteRead):
+        return "lich's answer broke off"
+    if caused_by(requests.exceptions.InvalidHeader, http.client.HTTPException):
+        return "lich's answer was not HTTP"
+    if caused_by(requests.exceptions.ContentDecodingError):
+        return "lich's answer could not be decoded"
+    return f"the exchange with lich failed ({type(causes[-1]).__name__})"
+
+
+def _causes(exc: Optional[BaseException]) -> Iterator[BaseException]:
+    """The exception and the chain of those it was raised from or while handling."""
+    seen: List[BaseException] = []
+    while exc is not None and all(exc is not s for s in seen):
+        seen.append(exc)
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+class _NoRedirects(requests.Session):
     """A Session that never follows a redirect: lich sends none, and to
     follow one `requests` would first read its whole body, past any limit."""
 
@@ -176,84 +222,184 @@ class _LichSession(requests.Session):
         return None
 
 
-def _read_capped(response: requests.Response, limit: int) -> bytes:
-    declared = response.headers.get("Content-Length", "")
-    # isascii: headers arrive as Latin-1, and "²" is a digit to isdigit but not to int.
-    if declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise _Failed(_too_large(limit))
+def _read_capped(response: requests.Response, limit: int) -> Optional[bytes]:
+    """The body, or None once it is past `limit`: refused unread when its
+    Content-Length says so, or as soon as the bytes read pass it (a chunked
+    answer declares none)."""
+    declared = response.raw.length_remaining  # urllib3's reading of Content-Length
+    if declared is not None and declared > limit:
+        return None
     # One growing buffer, not a list of pieces: a chunked answer of 2-byte
     # chunks would otherwise cost an object per chunk, 60 times its size.
     body = bytearray()
     for chunk in response.iter_content(CHUNK):
         body += chunk
         if len(body) > limit:
-            raise _Failed(_too_large(limit))
+            return None
     return bytes(body)
 
 
-def _too_large(limit: int) -> str:
-    return f"lich's answer is over {_size(limit)}"
+# -- the connection ------------------------------------------------------------------------
 
 
-def _size(n: int) -> str:
-    for unit, name in ((1024 * 1024, "MiB"), (1024, "KiB")):
-        if n >= unit and n % unit == 0:
-            return f"{n // unit} {name}"
-    return f"{n:,} bytes"
+class LoopbackAdapter(HTTPAdapter):
+    """One kept-alive connection, no retries (the default, kept), whose
+    connections check the listener's owner, keep each exchange to
+    `deadline`, and can be cut by `abandon`.
+
+    `deadline` is the instant (time.monotonic) by which the exchange in
+    flight must be over, None between exchanges: set and read by the one
+    thread using the client. The socket list is shared with `abandon`'s
+    thread, under the lock."""
+
+    def __init__(self, uid: int):
+        self.uid = uid
+        self.deadline: Optional[float] = None
+        self._lock = threading.Lock()
+        self._sockets: List[socket.socket] = []
+        self._abandoned = False
+        super().__init__(pool_connections=1, pool_maxsize=1)
+
+    def init_poolmanager(self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any) -> None:
+        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
+        # The pool hands its extra keywords to each connection it makes.
+        self.poolmanager.pool_classes_by_scheme = {"http": functools.partial(_Pool, adapter=self)}
+
+    def opened(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets = [s for s in self._sockets if s.fileno() != -1] + [sock]
+            abandoned = self._abandoned
+        if abandoned:
+            # Opened after the cut, by a poll already past its stop check:
+            # cut too, or it would park for 25 s and take commands nobody applies.
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed meanwhile
 
 
-def _describe(exc: BaseException, port: int, seconds: float) -> str:
-    """A phrase for a failed exchange, from the exception's type and causes, never its text."""
-    if isinstance(exc, requests.ConnectTimeout):
-        return f"could not connect to lich on port {port} in time"
-    causes = list(_causes(exc))
-    # A read's timeout is what was left of the exchange's: either is the deadline.
-    if any(isinstance(c, (requests.ReadTimeout, urllib3.exceptions.ReadTimeoutError, socket.timeout)) for c in causes):
-        return f"lich did not answer within {seconds:g} s"
-    if any(isinstance(c, ConnectionRefusedError) for c in causes):
-        return f"nothing listens on port {port} (is lich running?)"
-    if any(type(c).__name__ == "NewConnectionError" for c in causes):
-        return f"could not connect to lich on port {port} ({_errno_name(causes)})"
-    if any(isinstance(c, ConnectionResetError) for c in causes):
-        return "lich reset the connection"
-    if isinstance(exc, requests.exceptions.ChunkedEncodingError) or any(isinstance(c, http.client.IncompleteRead) for c in causes):
-        return "lich's answer broke off"
-    if any(isinstance(c, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionAbortedError)) for c in causes):
-        return "the connection to lich broke"
-    if isinstance(exc, requests.exceptions.ContentDecodingError):
-        return "lich's answer could not be decoded"
-    if isinstance(exc, requests.exceptions.InvalidHeader) or any(isinstance(c, http.client.HTTPException) for c in causes):
-        return "lich's answer was not HTTP"
-    if any(type(c) in _BAD_LENGTH for c in causes):  # a chunk size, become a read's length
-        return "lich's answer was not HTTP"
-    if any(isinstance(c, OSError) and c.errno for c in causes):
-        return f"the connection to lich broke ({_errno_name(causes)})"
-    return f"the exchange with lich failed ({type(causes[-1]).__name__})"
+class _Connection(HTTPConnection):
+    def __init__(self, *args: Any, adapter: LoopbackAdapter, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._adapter = adapter
+
+    def connect(self) -> None:
+        super().connect()
+        # Before the request, and so the token, is written to it.
+        owner = listener_uid(self.sock)
+        if owner is not None and owner != self._adapter.uid:
+            self.sock.close()
+            raise ForeignListener(f"the program listening on port {self.port} belongs to another user (uid {owner}); the token is not sent")
+        self.sock = _DeadlineSocket.taking_over(self.sock, self._adapter)
+        self._adapter.opened(self.sock)
 
 
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    """The exception and what it wraps (urllib3 nests them in `reason`, args
-    and the cause chain), each once."""
-    seen: List[BaseException] = []
-    todo: List[Any] = [exc]
-    while todo and len(seen) < 32:
-        item = todo.pop(0)
-        if not isinstance(item, BaseException) or any(item is s for s in seen):
+class _Pool(HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+
+class _DeadlineSocket(socket.socket):
+    """A connection's socket whose every read and write ends by the
+    exchange's deadline.
+
+    This is the subtlest code in the daemon, and no library does it:
+    urllib3's read timeout bounds each read alone, so a lich sending a byte
+    every second (a status line, a header line that never ends, `100
+    Continue` again and again, a body) would hold an exchange open for ever.
+    http.client reads the status line, the headers, interim answers and the
+    body through `recv_into` (and `readinto` of a file made on this socket,
+    which calls it), and the request goes out through `sendall`: before each,
+    the socket's timeout is lowered to what is left until the deadline, and
+    once nothing is left the call raises `socket.timeout` as a timed-out
+    read would, which urllib3 and requests then report as a read timeout.
+    The timeout urllib3 set is kept, and put back whenever it is the shorter.
+    """
+
+    _timeout: Optional[float] = None  # the timeout urllib3 set, for one read
+
+    @classmethod
+    def taking_over(cls, sock: socket.socket, adapter: LoopbackAdapter) -> "_DeadlineSocket":
+        timeout = sock.gettimeout()
+        new = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        new._adapter = adapter
+        new.settimeout(timeout)
+        return new
+
+    def settimeout(self, value: Optional[float]) -> None:
+        self._timeout = value
+        super().settimeout(value)
+
+    def recv_into(self, *args: Any) -> int:
+        self._cap()
+        return super().recv_into(*args)
+
+    def recv(self, *args: Any) -> bytes:
+        self._cap()
+        return super().recv(*args)
+
+    def sendall(self, *args: Any) -> None:
+        self._cap()
+        super().sendall(*args)
+
+    def _cap(self) -> None:
+        at = self._adapter.deadline
+        if at is None:
+            return
+        left = at - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the exchange's deadline passed")
+        super().settimeout(left if self._timeout is None or left < self._timeout else self._timeout)
+
+
+def listener_uid(sock: socket.socket, tables: Optional[Tuple[str, ...]] = None) -> Optional[int]:
+    """The uid owning the far end of `sock`, a connected loopback TCP socket,
+    or None where it cannot be told (not Linux, /proc unreadable, no row):
+    the token then goes as it did before the check.
+
+    While lich is down, any local user can listen on its port. The kernel
+    gives the socket that accepted a connection the uid of its listening
+    socket, and lists it with our address as its remote end: that row names
+    the program on the other end, whichever listener (127.0.0.1, 0.0.0.0, a
+    dual-stack ::) took the connection."""
+    try:
+        ours, theirs = sock.getsockname(), sock.getpeername()
+    except OSError:
+        return None
+    # In either table: an IPv4 connection a dual-stack listener took is in tcp6.
+    wanted = {(_row_address(theirs[:2], v6), _row_address(ours[:2], v6)) for v6 in (False, True)}
+    for table in tables or TCP_TABLES:
+        try:
+            with open(table, encoding="ascii", errors="replace") as rows:
+                next(rows, None)  # the column names
+                for row in rows:
+                    fields = row.split()
+                    # A row in TIME_WAIT (timer 03) has no owner left and shows
+                    # uid 0: an earlier connection's, not the one we made.
+                    if len(fields) > 7 and (fields[1], fields[2]) in wanted and not fields[5].startswith("03:") and fields[7].isdigit():
+                        return int(fields[7])
+        except OSError:
             continue
-        seen.append(item)
-        yield item
-        todo += [getattr(item, "reason", None), item.__cause__, item.__context__, *item.args]
+    return None
 
 
-def _errno_name(causes: List[BaseException]) -> str:
-    for cause in causes:
-        code = getattr(cause, "errno", None)
-        if isinstance(cause, OSError) and code:
-            return errno.errorcode.get(code, type(cause).__name__)
-    return type(causes[-1]).__name__
-
-
-def _one_line(text: str) -> str:
-    """lich's words as one short line: a reason is read in a status line."""
-    line = " ".join(text.split())
-    return line if len(line) <= 200 else line[:200] + "…"
+def _row_address(address: Tuple[str, int], v6: bool) -> str:
+    """`address` as the kernel prints it: the address as 32-bit words in the
+    machine's byte order, each in hex, then the port in hex."""
+    host, port = address
+    ip = ipaddress.ip_address(host)
+    if v6 and ip.version == 4:
+        ip = ipaddress.IPv6Address(f"::ffff:{ip}")
+    elif not v6 and ip.version == 6:
+        mapped = ip.ipv4_mapped
+        if mapped is None:
+            return ""
+        ip = mapped
+    words = struct.unpack(f"={len(ip.packed) // 4}I", ip.packed)
+    return "".join(f"{word:08X}" for word in words) + f":{port:04X}"

@@ -1,15 +1,15 @@
 """Poller: holds the long poll open on lich and hands each command on at once.
 
-It never waits on a command: the ordered ones go onto the worker's queue and
-asks to their pool, then the poll goes out again. Its backoff, its lich client
-and its stop flag are its own; `stop` may be called from any thread and cuts
-a parked poll, whose commands would reach nobody.
+It never waits on a command: the ordered ones go to the worker (`submit`)
+and asks to their pool (`submit_ask`), then the poll goes out again. Its
+backoff, its lich client and its stop flag are its own; `stop` may be called
+from any thread and cuts a parked poll, whose commands would reach nobody.
 
-Nothing lich sends ends it: an item that fails to be handed on costs that
-item alone (acked failed, through the worker, when it has an id), and a poll
-whose handling fails counts as a failed poll. It keeps no ids from one poll
-to the next: lich hands each command out once, and numbers them from `m1`
-again when it restarts, so a memory of old ids would skip new commands.
+An answer is read whole (`read_answer`): one that is not a sound JSON array
+is one failed poll, as any other failure to get an answer is, and the next
+poll waits out the backoff. It keeps no ids from one poll to the next: lich
+hands each command out once, and numbers them from `m1` again when it
+restarts, so a memory of old ids would skip new commands.
 """
 from __future__ import annotations
 
@@ -17,43 +17,72 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, List, Optional, Set
 
 import attrs
 
-from .status import Activity
-from .backoff import Backoff
-from .batch import Answer
-from .commands import Command, Discarded, kind_named
+from .commands import Command, Discarded, TooMany, loads
 from .lich import LichClient, LichGone, PollFailed
+from .status import Activity
 
 log = logging.getLogger("lich_control.poller")
 
-HANDOFF_FAILED = "the daemon failed to take it (see its log)"
-TWICE = "an id given twice in one answer (its first is applied)"
-SHOWN_IDS = 3  # duplicated ids named in the summary line, each cut to ID_SHOWN characters
-ID_SHOWN = 40
+# lich hands a poll every command queued for the session, with no cap of
+# its own: a script may queue thousands at once (the benchmark's burst is
+# 2,000). Ten thousand is past any such use, and each one costs an ack.
+MAX_ITEMS = 10_000
+REPEATED = "an id repeated in one answer (its first is applied)"
+OVER_ITEMS = f"an item past the first {MAX_ITEMS:,} of one answer (dropped unread)"
+SHOWN_IDS = 3  # repeated ids named in the summary line
+
+
+@attrs.frozen
+class Backoff:
+    """How long to wait before the next poll: 0 while lich answers, 1 s
+    after the first failure, doubling, never over 10 s."""
+
+    FIRST = 1.0
+    MOST = 10.0
+
+    delay: float = 0.0
+
+    def failed(self) -> "Backoff":
+        return Backoff(min(max(self.delay * 2, self.FIRST), self.MOST))
+
+
+def read_answer(body: bytes) -> List[object]:
+    """The items of a 200's body; PollFailed if it is not a sound JSON array."""
+    try:
+        items = loads(body)
+    except (ValueError, RecursionError) as exc:
+        log.debug("lich's answer was not read", exc_info=True)
+        if isinstance(exc, TooMany):
+            why = f"was not read: {exc}"
+        elif isinstance(exc, RecursionError):
+            why = "is nested deeper than Python reads"
+        else:  # not JSON, or not in a Unicode encoding
+            why = "is not JSON"
+        raise PollFailed(f"lich's answer {why}") from exc
+    if not isinstance(items, list):
+        raise PollFailed("lich's answer is JSON but not an array")
+    return items
 
 
 class Poller:
     def __init__(
         self,
         client: LichClient,
-        worker_submit: Callable[[Command], None],
-        ask_submit: Callable[[Command], None],
+        submit: Callable[[Command], None],
+        submit_ask: Callable[[Command], None],
         activity: Activity,
         on_crash: Callable[[str], None] = lambda reason: None,
-        wait: Optional[Callable[[float], bool]] = None,
     ):
         self._client = client
-        self._worker_submit = worker_submit
-        self._ask_submit = ask_submit
+        self._submit = submit
+        self._submit_ask = submit_ask
         self._activity = activity
         self._on_crash = on_crash
         self._stop = threading.Event()
-        # Waiting out a backoff is a wait on the stop flag, so a stop ends it
-        # at once; tests hand in their own to read the schedule without waiting.
-        self._wait = wait or self._stop.wait
         self._thread = threading.Thread(target=self._run, name="lich-poller", daemon=True)
         self.backoff = Backoff()
 
@@ -61,141 +90,96 @@ class Poller:
         self._thread.start()
 
     def stop(self, timeout: float = 1.0) -> bool:
+        """Stop polling, cutting a parked poll; True once the thread has ended."""
         self._stop.set()
         self._client.abandon()
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    @property
-    def stopped(self) -> bool:
-        return not self._thread.is_alive()
-
-    def join(self, timeout: Optional[float] = None) -> None:
-        self._thread.join(timeout)
-
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
+            delay: Optional[float] = 0.0
+            # Waiting out a backoff is a wait on the stop flag: a stop ends it at once.
+            while delay is not None and not self._stop.wait(delay):
                 try:
-                    going = self.poll_once()
+                    delay = self.poll_once()
                 except Exception:  # a bug: it costs this poll, never the polling
                     log.exception("handling a poll failed")
-                    going = self._failed("the daemon failed to handle lich's answer (see its log)")
-                if not going:
-                    break
-        except Exception:  # even counting a failed poll failed: stop, and let the relay restart the daemon
+                    delay = self._failed("the daemon failed to handle lich's answer (see its log)")
+        except Exception:  # even counting a failed poll failed: the relay restarts the daemon
             log.exception("the poller failed")
-            self._activity.poll_stopped("the poller failed (see the log)")
             self._on_crash("the poller failed")
         finally:
             self._client.close()
 
-    def poll_once(self) -> bool:
-        """One poll and what follows it; False once polling is over for good."""
+    def poll_once(self) -> Optional[float]:
+        """One poll and the handing on of its commands: the seconds to wait
+        before the next poll, or None once polling is over."""
         self._activity.poll_sent()
         try:
-            answer = self._client.poll()
+            items = read_answer(self._client.poll())
         except LichGone as exc:
-            if self._stop.is_set():
-                return False
-            log.warning("%s: lich predates the mod-control contract; polling stops for this session", exc)
-            self._activity.poll_stopped(str(exc))
-            return False
+            if not self._stop.is_set():
+                log.warning("%s: lich predates the mod-control contract; polling stops for this session", exc)
+                self._activity.poll_stopped(str(exc))
+            return None
         except PollFailed as exc:
             if self._stop.is_set():
-                return False
+                return None
             return self._failed(str(exc))
         if self._stop.is_set():
-            return False  # the daemon is stopping: apply nothing new
-        handed = self._dispatch(answer)
+            return None  # the daemon is stopping: apply nothing new
+        submitted = self._submit_all(items)
         if self._stop.is_set():
-            return False
-        if answer.broken:  # the items before the break were handed on all the same
-            return self._failed(f"lich's answer {answer.ended}")
-        self.backoff = self.backoff.succeeded()
-        log.debug("lich answered a poll with %d items", answer.read)
-        self._activity.poll_answered(answer.read)
-        if handed:
+            return None
+        self.backoff = Backoff()
+        log.debug("lich answered a poll with %d items", len(items))
+        self._activity.poll_answered(min(len(items), MAX_ITEMS))
+        if submitted:
             # Hand the interpreter to the worker now: building the next poll
             # holds it for ~0.2 ms, which then falls in the relay's round
             # trip, when the worker waits anyway.
             time.sleep(0)
-        return True
+        return 0.0
 
-    def _failed(self, reason: str) -> bool:
+    def _failed(self, reason: str) -> float:
         self.backoff = self.backoff.failed()
         log.info("poll failed: %s; next poll in %g s", reason, self.backoff.delay)
         self._activity.poll_failed(reason, self.backoff.delay)
-        return not self._wait(self.backoff.delay)
+        return self.backoff.delay
 
-    def _dispatch(self, answer: Answer) -> bool:
-        """Hand each command on, item by item as the answer is read; True if
-        any went to the worker. A stop ends it between two items."""
-        handed = False
-        given = set()
+    def _submit_all(self, items: List[object]) -> bool:
+        """Hand each command on, in lich's order; True if any went to the
+        worker. A stop ends it between two items. What is skipped is said in
+        one line, never one per item."""
+        submitted = False
+        seen: Set[str] = set()
         skipped: "collections.Counter[str]" = collections.Counter()
-        twice = []
-        for item in answer:
-            try:
-                parsed = Command.from_json(item)
-            except Exception:  # a bug: the item still gets its ack if it has an id
-                log.exception("reading an item of lich's answer failed")
-                parsed = _unread(item)
-            if isinstance(parsed, Discarded):
-                skipped[parsed.reason] += 1
-            elif parsed.id in given:
-                skipped[TWICE] += 1
-                twice.append(parsed.id)
+        repeated: List[str] = []
+        for item in items[:MAX_ITEMS]:
+            command = Command.from_json(item)
+            if isinstance(command, Discarded):
+                skipped[command.reason] += 1
+            elif command.id in seen:
+                skipped[REPEATED] += 1
+                repeated.append(command.id)
             else:
-                given.add(parsed.id)
-                handed = self._hand_on(parsed) or handed
+                seen.add(command.id)
+                self._activity.received(command.id, command.kind)
+                if command.kind == "ask" and command.problem is None:
+                    self._submit_ask(command)
+                else:
+                    self._submit(command)  # a bad ask too: its refusal is acked in order
+                    submitted = True
             if self._stop.is_set():
-                break
-        self._summarize(skipped + answer.skipped, twice, answer)
-        return handed
-
-    def _hand_on(self, command: Command) -> bool:
-        """True if it went to the worker. Never raises: a failure costs this command only."""
-        try:
-            self._activity.received(command.id, command.kind)
-            if command.kind == "ask" and command.problem is None:
-                self._ask_submit(command)
-                return False
-            self._worker_submit(command)
-            return True
-        except Exception:
-            log.exception("handing on %s (%s) failed", _shown(command.id), command.kind)
-        try:
-            self._worker_submit(attrs.evolve(command, problem=HANDOFF_FAILED))
-            return True
-        except Exception:
-            log.exception("%s (%s) could not be queued for its ack either", _shown(command.id), command.kind)
-            return False
-
-    def _summarize(self, skipped: "collections.Counter[str]", twice: Iterable[str], answer: Answer) -> None:
-        """One line for the skipped items, one for an answer cut short: never one per item."""
+                return submitted
+        if len(items) > MAX_ITEMS:
+            skipped[OVER_ITEMS] = len(items) - MAX_ITEMS
         if skipped:
             what = "; ".join(reason if n == 1 else f"{reason} ×{n}" for reason, n in sorted(skipped.items()))
-            ids = list(twice)
-            if ids:
-                what += " [" + ", ".join(_shown(cid) for cid in ids[:SHOWN_IDS]) + (", …]" if len(ids) > SHOWN_IDS else "]")
+            if repeated:
+                what += " [" + ", ".join(map(repr, repeated[:SHOWN_IDS])) + (", …]" if len(repeated) > SHOWN_IDS else "]")
             total = sum(skipped.values())
             log.warning("skipped %d item%s of lich's answer: %s", total, "" if total == 1 else "s", what)
             self._activity.error(f"skipped {what}")
-        if answer.ended is not None and not answer.broken:
-            log.warning("lich's answer %s", answer.ended)
-            self._activity.error(f"lich's answer {answer.ended}")
-
-
-def _unread(item: object):
-    """What is left of an item parsing failed on: its id, if it has one."""
-    cid = item.get("id") if isinstance(item, dict) else None
-    if not isinstance(cid, str) or not cid:
-        return Discarded("an item the daemon failed to read (see its log)")
-    kind = item.get("kind")
-    return Command(id=cid, kind=kind_named(kind), problem=HANDOFF_FAILED)
-
-
-def _shown(cid: str) -> str:
-    """An id for a log line: quoted, so a newline in it forges nothing, and cut."""
-    return repr(cid[:ID_SHOWN]) + ("…" if len(cid) > ID_SHOWN else "")
+        return submitted

@@ -24,7 +24,7 @@ import threading
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional, Tuple
 
-from . import batch
+from .commands import TooMany, loads
 from .runfiles import refuse_foreign
 from .socket_connections import Connections, SocketLimits
 
@@ -196,8 +196,8 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         try:
-            doc = batch.loads(body)  # an over-long integer is no reason to refuse a result
-        except batch.TooMany as exc:
+            doc = loads(body)  # an over-long integer is no reason to refuse a result
+        except TooMany as exc:
             return self._reply(400, f"{exc}\n".encode())
         except (ValueError, RecursionError):
             # ValueError: not JSON, or not UTF-8; nesting

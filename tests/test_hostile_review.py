@@ -15,7 +15,7 @@ import weakref
 from lich_control import logs
 from lich_control.asks import Asks
 from lich_control.bridge import Bridge
-from lich_control.commands import parse_batch
+from lich_control.commands import Command
 from lich_dev import procs
 from lich_control.engine import Turns
 from lich_control.status import Activity
@@ -110,7 +110,7 @@ def test_an_answered_ask_is_let_go_at_once_not_kept_until_its_deadline():
     client = ScriptedClient()
     asks = Asks(bridge, lambda: client, Activity("s1", "relay", Turns()), "s1")
     try:
-        hanging, command = parse_batch([{"id": "h1", "kind": "ask", "question": "hang?"}, {"id": "a1", "kind": "ask", "question": "x" * 100_000}])
+        hanging, command = map(Command.from_json, [{"id": "h1", "kind": "ask", "question": "hang?"}, {"id": "a1", "kind": "ask", "question": "x" * 100_000}])
         asks.submit(hanging)  # its deadline first in line, the answered one's behind it
         stdout.wait(1)
         kept = weakref.ref(command)

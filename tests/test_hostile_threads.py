@@ -187,9 +187,9 @@ def bridged():
 
 
 def ask(command_id, question):
-    from lich_control.commands import parse_batch
+    from lich_control.commands import Command
 
-    (command,) = parse_batch([{"id": command_id, "kind": "ask", "question": question}])
+    command = Command.from_json({"id": command_id, "kind": "ask", "question": question})
     return command
 
 

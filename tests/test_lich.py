@@ -1,25 +1,42 @@
-"""LichClient with mocked HTTP (responses): what every request carries, and
-what each class of answer or failure becomes. The token below would show in
-any text built from a URL: no error may carry it."""
+"""LichClient: what every request carries and what each answer or failure
+becomes, with mocked HTTP (responses); over real loopback, what only a socket
+proves: the kept connection, the deadline on an answer that never ends, the
+owner check, `abandon` from another thread, and answers no server library
+would send. No text may carry the token, and every failure keeps its cause."""
 import http.client
 import json
-from urllib.parse import quote
+import os
+import socket
+import struct
+import threading
+import tracemalloc
+from urllib.parse import quote, quote_plus
 
 import pytest
 import requests
 import responses
 import urllib3
 
-from lich_control import CONTRACT_RELEASE, __version__
+from conftest import SCAN_TOKEN
+from fakes import RawAnswer
+from lich_control import CONTRACT_RELEASE, __version__, lich
 from lich_control.ack import Ack
 from lich_control.config import Config
-from lich_control.lich import MAX_ACK_ANSWER, MAX_POLL_BODY, AckFailed, LichClient, LichGone, PollFailed
+from lich_control.lich import MAX_ACK_ANSWER, MAX_POLL_BODY, AckFailed, ExchangeTimeouts, LichClient, LichGone, PollFailed, listener_uid
+from lich_dev.lich import AckAnswer, Answer, StubLich
 
-TOKEN = "sekrit/+&token=1"
+TOKEN = SCAN_TOKEN
 SESSION = "s 1/é?"
 PORT = 4312
 POLL_URL = f"http://127.0.0.1:{PORT}/mod/commands?token={quote(TOKEN, safe='')}&session_id={quote(SESSION, safe='')}"
 ACK_URL = f"http://127.0.0.1:{PORT}/mod/acks?token={quote(TOKEN, safe='')}"
+ACK = Ack(SESSION, "m1", "abort", ok=True)
+SHORT = ExchangeTimeouts(poll=0.3, ack=0.3)  # an answer that never ends: each such test waits this out
+DRIP = 0.02  # far below a deadline: a per-read timeout alone would never fire
+
+
+def client_for(port, timeouts=ExchangeTimeouts(), **kwargs):
+    return LichClient(Config(port=port, token=TOKEN, session_id=SESSION, run_dir="/tmp/x"), timeouts, **kwargs)
 
 
 @pytest.fixture
@@ -30,9 +47,43 @@ def mocked():
 
 @pytest.fixture
 def client():
-    client = LichClient(Config(port=PORT, token=TOKEN, session_id=SESSION, run_dir="/tmp/x"))
+    client = client_for(PORT)
     yield client
     client.close()
+
+
+@pytest.fixture
+def server():
+    with StubLich(token=TOKEN) as stub:
+        yield stub
+
+
+@pytest.fixture
+def near(server):
+    """A client of the development lich, with short deadlines."""
+    client = client_for(server.port, SHORT)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def raw():
+    """A client of a port answering bytes of the test's choosing."""
+    made = []
+
+    def start(answer, timeouts=SHORT):
+        made.append(RawAnswer(answer))
+        made.append(client_for(made[-1].port, timeouts))
+        return made[-1]
+
+    yield start
+    for thing in made:
+        thing.close()
+
+
+def assert_safe(exc):
+    for form in (TOKEN, quote(TOKEN, safe=""), quote(TOKEN), quote_plus(TOKEN, safe=""), quote(TOKEN, safe="").lower()):
+        assert form not in str(exc)
 
 
 def leaky(kind, url=POLL_URL):
@@ -40,181 +91,339 @@ def leaky(kind, url=POLL_URL):
     return kind(f"HTTPConnectionPool(host='127.0.0.1', port={PORT}): Max retries exceeded with url: {url}")
 
 
-def assert_safe(exc):
-    for form in (TOKEN, quote(TOKEN, safe=""), "token="):
-        assert form not in str(exc)
-    # Raised from no exception, or with the one it replaced hidden.
-    assert exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__)
+# -- what goes out ---------------------------------------------------------------------------
 
 
-# -- what goes out -------------------------------------------------------------
-
-
-def test_a_poll_is_a_get_with_the_token_and_session_url_encoded(mocked, client):
-    mocked.get(POLL_URL, json=[])
-    client.poll()
+def test_a_poll_is_a_get_with_the_token_and_session_url_encoded_and_its_body_comes_back(mocked, client):
+    mocked.get(POLL_URL, body=b'[{"id": "m1", "kind": "abort"}]\n')
+    assert client.poll() == b'[{"id": "m1", "kind": "abort"}]\n'
     sent = mocked.calls[0].request
-    assert sent.method == "GET" and sent.url == POLL_URL
-    assert sent.body is None
+    assert (sent.method, sent.url, sent.body) == ("GET", POLL_URL, None)
 
 
-def test_every_request_names_the_contract_release_not_the_package_version(mocked, client):
+def test_every_request_names_the_contract_release_and_each_ack_posts_its_own_json_body(mocked, client):
     mocked.get(POLL_URL, json=[])
     mocked.post(ACK_URL, status=204)
     client.poll()
     client.ack(Ack(SESSION, "m1", "abort", ok=True))
-    for call in mocked.calls:
-        assert call.request.headers["X-Lich-Plugin"] == CONTRACT_RELEASE == "0.16.0"
-        assert call.request.headers["X-Lich-Plugin"] != __version__
-        assert call.request.headers["Accept"] == "application/json"
-        assert call.request.headers["User-Agent"] == f"lich-control/{__version__}"
-
-
-def test_an_ack_posts_its_json_body(mocked, client):
-    mocked.post(ACK_URL, status=204)
     client.ack(Ack(SESSION, "m2", "effort", ok=False, error="unknown effort"))
-    sent = mocked.calls[0].request
-    assert sent.method == "POST" and sent.url == ACK_URL
-    assert sent.headers["Content-Type"] == "application/json"
-    assert json.loads(sent.body) == {"session_id": SESSION, "id": "m2", "kind": "effort", "ok": False, "error": "unknown effort"}
-    assert sent.headers["Content-Length"] == str(len(sent.body))
+    for call in mocked.calls:
+        assert call.request.headers["X-Lich-Plugin"] == CONTRACT_RELEASE != __version__
+        assert (call.request.headers["Accept"], call.request.headers["User-Agent"]) == ("application/json", f"lich-control/{__version__}")
+    first, second = (call.request for call in mocked.calls[1:])
+    assert (second.method, second.url, second.headers["Content-Type"]) == ("POST", ACK_URL, "application/json")
+    assert [json.loads(first.body)["id"], json.loads(second.body)] == ["m1", {"session_id": SESSION, "id": "m2", "kind": "effort", "ok": False, "error": "unknown effort"}]
+    assert second.headers["Content-Length"] == str(len(second.body))
 
 
-def test_each_ack_carries_its_own_body(mocked, client):
-    mocked.post(ACK_URL, status=204)
-    client.ack(Ack(SESSION, "m1", "abort", ok=True))
-    client.ack(Ack(SESSION, "m2", "abort", ok=True))
-    assert [json.loads(c.request.body)["id"] for c in mocked.calls] == ["m1", "m2"]
-
-
-# -- poll answers ----------------------------------------------------------------
-
-
-def test_a_200_array_is_the_commands_oldest_first(mocked, client):
-    mocked.get(POLL_URL, json=[{"id": "m1", "kind": "abort"}, {"id": "m2", "kind": "abort"}])
-    assert [c["id"] for c in client.poll()] == ["m1", "m2"]
-
-
-@pytest.mark.parametrize(
-    "body, why",
-    [(b"{}", "not an array"), (b'"x"', "not an array"), (b"null", "not an array"), (b"{", "not JSON"), (b"", "not JSON"), (b"\xff[]", "not JSON")],
-)
-def test_a_200_that_is_not_a_json_array_is_a_failed_poll(mocked, client, body, why):
-    mocked.get(POLL_URL, body=body)
-    with pytest.raises(PollFailed, match=why) as caught:
-        client.poll()
-    assert_safe(caught.value)
+# -- what comes back ---------------------------------------------------------------------------
 
 
 def test_a_404_means_lich_predates_the_contract(mocked, client):
     mocked.get(POLL_URL, status=404, body="no such path")
-    with pytest.raises(LichGone, match="lich answered 404"):
+    with pytest.raises(LichGone, match="^lich answered 404$"):
         client.poll()
 
 
-@pytest.mark.parametrize("status", [204, 302, 400, 401, 403, 500, 502, 503])
-def test_any_other_status_is_a_failed_poll_named_by_its_status(mocked, client, status):
-    mocked.get(POLL_URL, status=status, body="" if status == 204 else f"reason for {status}", headers={"Location": "/elsewhere"} if status == 302 else {})
-    with pytest.raises(PollFailed, match=f"^lich answered {status}$") as caught:
+@pytest.mark.parametrize("status", [204, 302, 400, 401, 500, 503])
+def test_any_other_status_is_a_failed_poll_named_by_its_status_sent_once(mocked, client, status):
+    mocked.get(POLL_URL, status=status, body="" if status == 204 else "why", headers={"Location": "/elsewhere"} if status == 302 else {})
+    with pytest.raises(PollFailed, match=f"^lich answered {status}$"):
         client.poll()
-    assert_safe(caught.value)
     assert len(mocked.calls) == 1  # a redirect is not followed, nothing is resent
 
 
-@pytest.mark.parametrize(
-    "failure, phrase",
-    [
-        (leaky(requests.ConnectionError), "exchange with lich failed"),
-        (leaky(requests.ConnectTimeout), f"could not connect to lich on port {PORT} in time"),
-        (leaky(requests.ReadTimeout), "^lich did not answer within 30 s$"),
-        (leaky(requests.exceptions.ChunkedEncodingError), "lich's answer broke off"),
-        (leaky(urllib3.exceptions.ResponseNotChunked), "exchange with lich failed"),  # one requests lets through
-        (leaky(http.client.LineTooLong), "lich's answer was not HTTP"),
-    ],
-    ids=["connection-error", "connect-timeout", "read-timeout", "broken-body", "urllib3-error", "http-client-error"],
-)
-def test_a_poll_that_fails_on_the_way_is_a_failed_poll_without_the_token(mocked, client, failure, phrase):
+WIRE_FAILURES = {
+    "connection-error": (leaky(requests.ConnectionError), "^the exchange with lich failed \\(ConnectionError\\)$"),
+    "connect-timeout": (leaky(requests.ConnectTimeout), f"^could not connect to lich on port {PORT} in time$"),
+    "read-timeout": (leaky(requests.ReadTimeout), "^lich did not answer within 30 s$"),
+    "broken-body": (leaky(requests.exceptions.ChunkedEncodingError), "^lich's answer broke off$"),
+    "urllib3-error": (leaky(urllib3.exceptions.ResponseNotChunked), "^the exchange with lich failed \\(ResponseNotChunked\\)$"),
+    "http-client-error": (leaky(http.client.LineTooLong), "^lich's answer was not HTTP$"),
+}
+
+
+@pytest.mark.parametrize("failure, phrase", list(WIRE_FAILURES.values()), ids=list(WIRE_FAILURES))
+def test_a_failure_on_the_way_is_a_phrase_raised_from_the_original_without_the_token(mocked, client, failure, phrase):
     mocked.get(POLL_URL, body=failure)
-    with pytest.raises(PollFailed, match=phrase) as caught:
+    mocked.post(ACK_URL, body=failure)
+    with pytest.raises(PollFailed, match=phrase) as polled:
         client.poll()
-    assert_safe(caught.value)
-    assert len(mocked.calls) == 1  # never retried
+    with pytest.raises(AckFailed, match=phrase.replace("30 s", "10 s")) as acked:
+        client.ack(ACK)
+    for caught in (polled, acked):
+        assert caught.value.__cause__ is failure
+        assert_safe(caught.value)
+    assert not acked.value.refused and len(mocked.calls) == 2  # never retried
 
 
-def test_a_poll_body_over_the_limit_is_a_failed_poll(mocked, client):
-    mocked.get(POLL_URL, body=b"[" + b" " * MAX_POLL_BODY + b"]")
-    with pytest.raises(PollFailed, match="over 16 MiB") as caught:
-        client.poll()
-    assert_safe(caught.value)
-
-
-def test_a_declared_length_over_the_limit_is_refused_before_reading(mocked, client):
-    mocked.get(POLL_URL, body=b"[]", headers={"Content-Length": str(MAX_POLL_BODY + 1)})
-    with pytest.raises(PollFailed, match="over 16 MiB"):
-        client.poll()
-
-
-# -- ack answers -----------------------------------------------------------------
+def test_a_body_past_its_limit_is_a_failed_exchange_declared_or_not(mocked, client):
+    mocked.get(POLL_URL, body=b"[]", headers={"Content-Length": str(MAX_POLL_BODY + 1)})  # refused unread
+    mocked.get(POLL_URL, body=b"[" + b" " * MAX_POLL_BODY + b"]")  # no Content-Length: refused once read past it
+    mocked.post(ACK_URL, status=400, body=b"x" * (MAX_ACK_ANSWER + 1))
+    for _ in range(2):
+        with pytest.raises(PollFailed, match="^lich's answer is over 16 MiB$"):
+            client.poll()
+    with pytest.raises(AckFailed, match="^lich's answer is over 64 KiB$"):
+        client.ack(ACK)
 
 
 @pytest.mark.parametrize("status", [200, 202, 204])
 def test_a_2xx_ack_has_landed(mocked, client, status):
     mocked.post(ACK_URL, status=status)
-    assert client.ack(Ack(SESSION, "m1", "abort", ok=True)) is None  # not an AckFailed, as a 4xx or 5xx is
-    assert [call.response.status_code for call in mocked.calls] == [status]  # sent once
-
-
-@pytest.mark.parametrize("status", [400, 401, 404, 409])
-def test_a_4xx_ack_is_refused_with_lichs_reason(mocked, client, status):
-    mocked.post(ACK_URL, status=status, body="  unknown\n kind: rewind  ")
-    with pytest.raises(AckFailed) as caught:
-        client.ack(Ack(SESSION, "m1", "rewind", ok=False, error="unknown kind"))
-    assert caught.value.refused
-    assert str(caught.value) == f"lich refused it: {status} unknown kind: rewind"
-
-
-def test_a_refusal_without_a_body_gives_the_status_reason(mocked, client):
-    mocked.post(ACK_URL, status=400, body="")
-    with pytest.raises(AckFailed, match="lich refused it: 400 Bad Request"):
-        client.ack(Ack(SESSION, "m1", "abort", ok=True))
-
-
-@pytest.mark.parametrize("status", [500, 502, 503])
-def test_a_5xx_ack_failed_but_was_not_refused(mocked, client, status):
-    mocked.post(ACK_URL, status=status, body="busy")
-    with pytest.raises(AckFailed) as caught:
-        client.ack(Ack(SESSION, "m1", "abort", ok=True))
-    assert not caught.value.refused
-
-
-@pytest.mark.parametrize(
-    "failure, phrase",
-    [
-        (leaky(requests.ConnectionError, ACK_URL), "exchange with lich failed"),
-        (leaky(requests.ReadTimeout, ACK_URL), "^lich did not answer within 10 s$"),
-    ],
-)
-def test_an_ack_that_fails_on_the_way_says_why_without_the_token(mocked, client, failure, phrase):
-    mocked.post(ACK_URL, body=failure)
-    with pytest.raises(AckFailed, match=phrase) as caught:
-        client.ack(Ack(SESSION, "m1", "abort", ok=True))
-    assert not caught.value.refused
-    assert_safe(caught.value)
+    assert client.ack(ACK) is None
     assert len(mocked.calls) == 1
 
 
-def test_an_ack_answer_over_its_limit_is_not_read_whole(mocked, client):
-    mocked.post(ACK_URL, status=400, body=b"x" * (MAX_ACK_ANSWER + 1))
-    with pytest.raises(AckFailed, match="over 64 KiB"):
-        client.ack(Ack(SESSION, "m1", "abort", ok=True))
+@pytest.mark.parametrize("status, body, said", [(400, "  unknown\n kind: rewind  ", "unknown kind: rewind"), (409, "", "Conflict")])
+def test_a_4xx_ack_is_refused_with_lichs_reason_on_one_line(mocked, client, status, body, said):
+    mocked.post(ACK_URL, status=status, body=body)
+    with pytest.raises(AckFailed, match=f"^lich refused it: {status} {said}$") as caught:
+        client.ack(ACK)
+    assert caught.value.refused
 
 
-def test_a_long_refusal_is_cut_to_one_short_line(mocked, client):
-    mocked.post(ACK_URL, status=400, body="why " * 200)
+def test_a_5xx_ack_failed_but_was_not_refused(mocked, client):
+    mocked.post(ACK_URL, status=503, body="busy")
+    with pytest.raises(AckFailed, match="^lich refused it: 503 busy$") as caught:
+        client.ack(ACK)
+    assert not caught.value.refused
+
+
+def test_the_timeouts_are_30_s_for_a_poll_and_10_s_for_an_ack():
+    assert ExchangeTimeouts() == ExchangeTimeouts(poll=30.0, ack=10.0)
+
+
+# -- the connection, over loopback -------------------------------------------------------------
+
+
+def test_polls_and_acks_share_one_kept_alive_connection_replaced_once_lich_closes_it(server):
+    client = client_for(server.port)
+    for n in range(3):
+        server.faults.deliver({"id": f"m{n}", "kind": "abort"})
+        client.poll()
+        client.ack(Ack(SESSION, f"m{n}", "abort", ok=True))
+    [kept] = client._adapter._sockets
+    server.hang_up()  # lich closes the idle connection
+    server.faults.deliver({"id": "m9", "kind": "abort"})
+    assert json.loads(client.poll()) == [{"id": "m9", "kind": "abort"}]
+    assert len(server.record.polls) == 4 and [a.answer for a in server.record.acks] == [204] * 3  # nothing resent
+    [new] = client._adapter._sockets
+    assert new is not kept and kept.fileno() == -1
+    client.close()
+
+
+def test_nothing_listening_is_a_failed_exchange_that_names_the_port_and_keeps_the_cause():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = client_for(port)
+    with pytest.raises(PollFailed, match=rf"^nothing listens on port {port} \(is lich running\?\)$") as caught:
+        client.poll()
+    assert isinstance(caught.value.__cause__, requests.ConnectionError)
+    with pytest.raises(AckFailed, match="^nothing listens") as caught:
+        client.ack(ACK)
+    assert not caught.value.refused
+
+
+ENDLESS = {
+    # The whole answer, one byte per write, never long silent.
+    "trickled": Answer(body=[{"id": f"m{n}", "kind": "abort"} for n in range(20)], drip=DRIP),
+    "header-never-ends": Answer(wire=b"HTTP/1.1 200 OK\r\nX-Slow: ", endless=b"a", drip=DRIP),
+    "continue-for-ever": Answer(wire=b"", endless=b"HTTP/1.1 100 Continue\r\n\r\n", drip=DRIP),
+    "chunks-for-ever": Answer(wire=b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", endless=b"1\r\n \r\n", drip=DRIP),
+}
+
+
+@pytest.mark.parametrize("answer", list(ENDLESS.values()), ids=list(ENDLESS))
+def test_a_poll_lich_never_finishes_answering_fails_at_its_deadline(server, near, answer):
+    server.faults.script(answer)
+    with pytest.raises(PollFailed, match=r"^lich did not answer within 0\.3 s$") as caught:
+        near.poll()
+    assert_safe(caught.value)
+    assert len(server.record.polls) == 1  # sent once, never again
+
+
+def test_an_ack_answered_a_byte_at_a_time_fails_at_its_deadline_and_the_next_exchange_goes_on(server, near):
+    server.faults.script_acks(AckAnswer(status=400, reason="x" * 200, drip=DRIP))
+    with pytest.raises(AckFailed, match=r"^lich did not answer within 0\.3 s$") as caught:
+        near.ack(ACK)
+    assert not caught.value.refused  # it may have landed: not lich's refusal
+    server.faults.deliver({"id": "m2", "kind": "abort"})
+    assert json.loads(near.poll()) == [{"id": "m2", "kind": "abort"}]  # on a new connection
+
+
+def test_abandon_cuts_a_parked_poll_from_another_thread_and_any_poll_after_it(server):
+    client = client_for(server.port)
+    failed = []
+    thread = threading.Thread(target=lambda: failed.append(pytest.raises(PollFailed, client.poll)))
+    thread.start()
+    assert server.wait_polled(SESSION, 5, parked=True)
+    client.abandon()
+    thread.join(5)
+    assert not thread.is_alive() and len(failed) == 1
+    with pytest.raises(PollFailed):
+        client.poll()  # its new connection is shut as it opens: it cannot park
+    client.close()
+
+
+def test_a_chunked_answer_is_read_whole_and_past_16_mib_refused_as_it_streams(raw):
+    items = json.dumps([{"id": f"m{n}", "kind": "prompt", "text": "x" * 100} for n in range(50)]).encode() + b"\n"
+    pieces = [items[n : n + 2048] for n in range(0, len(items), 2048)]
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+    assert raw(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked).poll() == items
+    mib = b"%x\r\n%s\r\n" % (1 << 20, b" " * (1 << 20))
+    endless = raw(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n[\r\n" + mib * 17 + b"1\r\n]\r\n0\r\n\r\n", ExchangeTimeouts())
+    with pytest.raises(PollFailed, match="^lich's answer is over 16 MiB$"):
+        endless.poll()
+
+
+def test_an_answer_in_two_byte_chunks_costs_its_size_not_an_object_per_chunk(raw):
+    # 64 KiB as 2-byte chunks: kept as pieces, over 1 MiB of small objects.
+    client = raw(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"2\r\n0,\r\n" * (32 * 1024) + b"0\r\n\r\n", ExchangeTimeouts())
+    tracemalloc.start()
+    try:
+        body = client.poll()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(body) == 64 * 1024 and peak < 512 * 1024, f"reading 64 KiB took {peak / 2**10:.0f} KiB"
+
+
+NOT_HTTP = {
+    "garbage": b"garbage\r\n\r\n",
+    "bad-status-code": b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\n[]",
+    "no-status-line": b"[]",
+    "too-many-headers": b"HTTP/1.1 200 OK\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(120)) + b"\r\n[]",
+    "header-too-long": b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n[]",
+    "two-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]",
+    "truncated": b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n[]",
+    "bad-gzip": b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nabcd",
+    **{
+        f"chunk-size-{size.decode() or 'empty'}": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\n[]\r\n0\r\n\r\n"
+        for size in (b"-1", b"-ffffffffffffffffffff", b"zz", b"", b"ffffffffffffffffffff", b"1_0")
+    },
+}
+
+
+@pytest.mark.parametrize("answer", list(NOT_HTTP.values()), ids=list(NOT_HTTP))
+def test_an_answer_a_parser_refuses_is_a_failed_exchange_never_an_escape(raw, answer):
+    client = raw(answer)
+    with pytest.raises(PollFailed, match=r"^(lich's answer (was not HTTP|broke off|could not be decoded)|the exchange with lich failed \(OverflowError\))$") as caught:
+        client.poll()
+    assert caught.value.__cause__ is not None
     with pytest.raises(AckFailed) as caught:
-        client.ack(Ack(SESSION, "m1", "abort", ok=True))
-    assert len(str(caught.value)) < 240 and str(caught.value).endswith("…")
+        client.ack(ACK)
+    assert not caught.value.refused
 
 
-def test_the_config_repr_leaves_the_token_out():
-    assert TOKEN not in repr(Config(port=1, token=TOKEN, session_id="s1", run_dir="/tmp/x"))
+def test_a_content_length_of_latin_1_digits_is_read_past_not_an_escape(raw):
+    # "\xb2" is "²" once decoded: a digit to str.isdigit, not to int().
+    client = raw(b"HTTP/1.1 400 Bad Request\r\nContent-Length: \xb2\r\n\r\nnope")
+    with pytest.raises(PollFailed, match="^lich answered 400$"):
+        client.poll()
+    with pytest.raises(AckFailed, match="^lich refused it: 400 nope$"):
+        client.ack(ACK)
+
+
+@pytest.mark.parametrize("status", [101, 302, 304])
+def test_an_ack_answered_neither_2xx_nor_4xx_is_not_a_refusal(raw, status):
+    client = raw(b"HTTP/1.1 %d Odd\r\nContent-Length: 4\r\nConnection: close\r\n\r\nodd!" % status)
+    with pytest.raises(AckFailed, match=rf"^lich refused it: {status} (odd!|Odd)$") as caught:  # 1xx, 304: no body
+        client.ack(ACK)
+    assert not caught.value.refused
+
+
+def test_a_refusal_holding_the_token_never_reaches_the_status(relay, lich):
+    r = relay()
+    r.wait_hello()
+    assert lich.wait_polled("s1", 10, parked=True)
+    lich.faults.script_acks(AckAnswer(status=400, reason=f"refused /mod/acks?token={quote(lich.token, safe='')}"))
+    lich.queue_all("s1", [{"id": "m1", "kind": "abort"}])
+    assert lich.record.ack_for("m1")
+    text = json.dumps(r.wait_status(lambda doc: "not delivered" in json.dumps(doc)))
+    assert "[token]" in text and lich.token not in text and quote(lich.token, safe="") not in text
+
+
+# -- the token goes to a program of our own user only -------------------------------------------
+
+
+def foreign(port, uid):
+    return rf"^the program listening on port {port} belongs to another user \(uid {uid}\); the token is not sent$"
+
+
+def test_a_lich_of_another_user_gets_neither_a_poll_nor_an_ack(server):
+    client = client_for(server.port, uid=os.getuid() + 1)  # the stub is ours: the client is told it is someone else's
+    with pytest.raises(PollFailed, match=foreign(server.port, os.getuid())):
+        client.poll()
+    with pytest.raises(AckFailed, match=foreign(server.port, os.getuid())) as caught:
+        client.ack(ACK)
+    assert not caught.value.refused and client._adapter._sockets == []
+    client.close()
+    assert server.record.polls == [] and server.record.acks == []
+
+
+def test_where_the_owner_cannot_be_told_the_token_goes(server, monkeypatch):
+    monkeypatch.setattr(lich, "TCP_TABLES", ("/nonexistent/tcp",))  # not Linux, or /proc unreadable
+    client = client_for(server.port, uid=os.getuid() + 1)
+    server.faults.deliver({"id": "m1", "kind": "abort"})
+    assert json.loads(client.poll()) == [{"id": "m1", "kind": "abort"}]
+    client.close()
+
+
+@pytest.mark.parametrize("host, family", [("127.0.0.1", socket.AF_INET), ("0.0.0.0", socket.AF_INET), ("::", socket.AF_INET6)])
+def test_the_owner_is_found_whichever_listener_takes_the_connection(host, family):
+    if family == socket.AF_INET6 and not socket.has_dualstack_ipv6():
+        pytest.skip("no dual-stack IPv6 here")
+    if not os.path.exists("/proc/net/tcp"):
+        pytest.skip("no /proc/net/tcp: the owner cannot be told here")
+    with socket.create_server((host, 0), family=family, dualstack_ipv6=family == socket.AF_INET6) as listener:
+        with socket.create_connection(("127.0.0.1", listener.getsockname()[1])) as conn:
+            assert listener_uid(conn) == os.getuid()
+            assert listener_uid(conn, tables=("/nonexistent/tcp",)) is None
+
+
+def test_a_row_in_time_wait_names_no_owner(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as listener, socket.create_connection(listener.getsockname()) as conn:
+        theirs, ours = lich._row_address(conn.getpeername(), False), lich._row_address(conn.getsockname(), False)
+        head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        waiting = f"   0: {theirs} {ours} 06 00000000:00000000 03:00001770 00000000     0        0 0 3 0\n"
+        live = f"   1: {theirs} {ours} 01 00000000:00000000 00:00000000 00000000  1234        0 99 1 0\n"
+        table = tmp_path / "tcp"
+        table.write_text(head + waiting)
+        assert listener_uid(conn, tables=(str(table),)) is None  # the kernel's uid 0 of a TIME_WAIT row is no owner
+        table.write_text(head + waiting + live)
+        assert listener_uid(conn, tables=(str(table),)) == 1234
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can start a listener of another user")
+def test_a_listener_of_uid_65534_never_receives_the_token():
+    ready_r, ready_w = os.pipe()
+    got_r, got_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: another user, listening on loopback
+        try:
+            os.close(ready_r), os.close(got_r)
+            os.setgroups([]), os.setgid(65534), os.setuid(65534)
+            listener = socket.create_server(("127.0.0.1", 0))
+            os.write(ready_w, struct.pack("H", listener.getsockname()[1]))
+            conn, _ = listener.accept()
+            conn.settimeout(10)
+            received = b""
+            while chunk := conn.recv(65536):
+                received += chunk
+            os.write(got_w, received[:65536] or b"-")
+        finally:
+            os._exit(0)
+    os.close(ready_w), os.close(got_w)
+    try:
+        [port] = struct.unpack("H", os.read(ready_r, 2))
+        client = client_for(port)
+        with pytest.raises(PollFailed, match=foreign(port, 65534)):
+            client.poll()
+        client.close()
+        assert os.read(got_r, 65536) == b"-"  # the connection closed with nothing sent on it
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(ready_r), os.close(got_r)

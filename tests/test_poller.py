@@ -1,207 +1,285 @@
-"""Poller over a real LichClient with mocked HTTP (responses): what each
-answer class makes of the poll loop, and the backoff schedule on a frozen
-clock. The wait between polls is injected, so no test waits in real time."""
+"""Poller over a real LichClient with mocked HTTP (responses): what each class
+of answer makes of the poll loop, what is handed on, the backoff schedule, and
+stopping. `poll_once` returns the wait before the next poll, so no test waits
+out a backoff."""
+import collections
+import json
+import logging
 import threading
-import time
+from urllib.parse import quote
 
 import pytest
 import requests
 import responses
-from freezegun import freeze_time
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from conftest import SCAN_TOKEN
+from fakes import ScriptedClient
+from lich_control.commands import MAX_VALUES
 from lich_control.config import Config
 from lich_control.engine import Turns
 from lich_control.lich import MAX_POLL_BODY, LichClient
-from lich_control.poller import Poller
+from lich_control.poller import MAX_ITEMS, Backoff, Poller
 from lich_control.status import Activity
 
-from fakes import ScriptedClient
-
 URL = "http://127.0.0.1:4312/mod/commands"
+HUGE = b"9" * 5000  # past the 4,300 digits int() reads
 
 
 class Rig:
-    """A Poller whose commands land in lists and whose waits are recorded."""
+    """A Poller whose commands land in lists."""
 
-    def __init__(self, client=None, wait=None):
-        self.client = client or LichClient(Config(port=4312, token="tok", session_id="s1", run_dir="/tmp/x"))
-        self.ordered, self.asks, self.waits = [], [], []
+    def __init__(self, client=None, on_crash=lambda reason: None):
+        self.client = client or LichClient(Config(port=4312, token=SCAN_TOKEN, session_id="s1", run_dir="/tmp/x"))
+        self.ordered, self.asks = [], []
+        self.handed = threading.Event()
         self.activity = Activity("s1", "fake", Turns())
-        self.poller = Poller(self.client, self.ordered.append, self.asks.append, self.activity, wait=wait or self._wait)
+        self.poller = Poller(self.client, self._submit, self.asks.append, self.activity, on_crash=on_crash)
 
-    def _wait(self, delay):
-        self.waits.append(delay)
-        return False  # not stopped
+    def _submit(self, command):
+        self.ordered.append(command)
+        self.handed.set()
 
     @property
     def poll(self):
         return self.activity.snapshot()["poll"]
 
+    @property
+    def errors(self):
+        return [e["what"] for e in self.activity.snapshot()["errors"]]
+
 
 @pytest.fixture
 def mocked():
-    with responses.RequestsMock() as rsps:
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as rsps:
         yield rsps
 
 
 def answer(mocked, *bodies, **kw):
     for body in bodies:
-        if isinstance(body, (Exception, bytes, str)):
-            mocked.get(URL, body=body, **kw)
-        else:
-            mocked.get(URL, json=body, **kw)
+        mocked.get(URL, body=body if isinstance(body, (Exception, bytes, str)) else json.dumps(body), **kw)
 
 
-# -- each answer class ------------------------------------------------------------
+def abort(cid):
+    return {"id": cid, "kind": "abort"}
+
+
+def warnings_of(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "lich_control.poller" and r.levelname == "WARNING"]
+
+
+# -- each class of answer -------------------------------------------------------------------
 
 
 def test_a_200_array_hands_every_command_on_and_polls_again_at_once(mocked):
     rig = Rig()
     answer(mocked, [{"id": "m1", "kind": "prompt", "text": "x"}, {"id": "m9", "kind": "ask", "question": "q"}])
-    assert rig.poller.poll_once() is True
+    assert rig.poller.poll_once() == 0
     assert [c.id for c in rig.ordered] == ["m1"] and [c.id for c in rig.asks] == ["m9"]
-    assert rig.waits == []
-    assert rig.poll["state"] == "polling" and rig.poll["failures"] == 0
+    assert (rig.poll["state"], rig.poll["failures"]) == ("polling", 0)
+
+
+def test_an_empty_answer_is_polled_again_at_once_with_no_backoff(mocked):
+    # lich answers [] at once to the older of two overlapping polls.
+    rig = Rig()
+    answer(mocked, b"busy", status=503)
+    answer(mocked, b"[]\n")
+    assert rig.poller.poll_once() == 1.0
+    assert rig.poller.poll_once() == 0 and rig.poller.backoff == Backoff()
+    assert rig.ordered == [] and (rig.poll["state"], rig.poll["backoff"]) == ("polling", 0)
 
 
 FAILED = {
-    "200-not-an-array": ({"a": 1}, {}),
-    "200-not-json": (b"[{", {}),
-    "200-not-json-from-the-start": (b"{", {}),
-    "200-bad-utf8-outside-any-item": (b'\xff[{"id": "m1", "kind": "abort"}]', {}),
-    "204": (b"", {"status": 204}),
-    "400-with-a-reason": (b"session_id is required", {"status": 400}),
-    "401": (b"wrong token", {"status": 401}),
-    "500": (b"oops", {"status": 500}),
-    "503": (b"busy", {"status": 503}),
-    "connection-error": (requests.ConnectionError("refused"), {}),
-    "read-timeout": (requests.ReadTimeout("slow"), {}),
-    "oversize": (b"[" + b" " * MAX_POLL_BODY + b"]", {}),
+    "not-an-array": ({"a": 1}, {}, "lich's answer is JSON but not an array"),
+    "not-json": (b"[{", {}, "lich's answer is not JSON"),
+    "cut-after-two-items": (b'[{"id": "m1", "kind": "abort"}, {"id": "m2", "kind": "abort"}, {"id"', {}, "lich's answer is not JSON"),
+    "not-unicode": (b'[{"id": "m1", "kind": "prompt", "text": "\xff"}]', {}, "lich's answer is not JSON"),
+    "nested-too-deep": (b"[" * 5000 + b"]" * 5000, {}, "lich's answer is nested deeper than Python reads"),
+    "too-many-values": (b"[" + b",".join([b"{}"] * MAX_VALUES) + b"]", {}, f"lich's answer was not read: the body holds more than {MAX_VALUES:,} JSON values"),
+    "over-16-mib": (b"[" + b" " * MAX_POLL_BODY + b"]", {}, "lich's answer is over 16 MiB"),
+    "204": (b"", {"status": 204}, "lich answered 204"),
+    "401": (b"wrong token", {"status": 401}, "lich answered 401"),
+    "500": (b"oops", {"status": 500}, "lich answered 500"),
+    "read-timeout": (requests.ReadTimeout("slow"), {}, "lich did not answer within 30 s"),
 }
 
 
-@pytest.mark.parametrize("body, kw", list(FAILED.values()), ids=list(FAILED))
-def test_any_other_answer_is_one_failed_poll_then_a_backoff_and_polling_goes_on(mocked, body, kw):
+@pytest.mark.parametrize("body, kw, reason", list(FAILED.values()), ids=list(FAILED))
+def test_any_other_answer_is_one_failed_poll_a_backoff_and_nothing_handed_on(mocked, body, kw, reason):
     rig = Rig()
     answer(mocked, body, **kw)
-    assert rig.poller.poll_once() is True
-    assert rig.waits == [1.0]
+    assert rig.poller.poll_once() == 1.0
     assert rig.ordered == [] and rig.asks == []
-    assert (rig.poll["state"], rig.poll["failures"], rig.poll["backoff"]) == ("backing off", 1, 1.0)
-    assert rig.poll["reason"]
+    assert (rig.poll["state"], rig.poll["failures"], rig.poll["backoff"], rig.poll["reason"]) == ("backing off", 1, 1.0, reason)
 
 
-def test_a_404_ends_the_poll_loop_without_another_request(mocked):
+def test_a_failed_poll_keeps_its_cause_in_the_debug_log_and_the_token_in_no_text(mocked, caplog):
+    caplog.set_level(logging.DEBUG, logger="lich_control")
+    rig = Rig()
+    leaky = requests.ConnectionError(f"Max retries exceeded with url: /mod/commands?token={quote(SCAN_TOKEN, safe='')}")
+    answer(mocked, leaky, b"[{")
+    rig.poller.poll_once()
+    rig.poller.poll_once()
+    wire, reading = [r.exc_info[1] for r in caplog.records if r.exc_info]
+    assert wire is leaky  # as requests raised it
+    assert isinstance(reading, json.JSONDecodeError) and reading.pos == 2  # where the answer broke
+    texts = [r.getMessage() for r in caplog.records] + [json.dumps(rig.activity.snapshot())]
+    for form in (SCAN_TOKEN, quote(SCAN_TOKEN, safe=""), quote(SCAN_TOKEN)):
+        assert all(form not in text for text in texts)
+
+
+def test_a_404_ends_polling_for_good(mocked):
     rig = Rig()
     answer(mocked, b"no such path", status=404)
-    rig.poller.start()
-    rig.poller.join(5)
-    assert rig.poller.stopped and len(mocked.calls) == 1 and rig.waits == []
+    assert rig.poller.poll_once() is None
     assert (rig.poll["state"], rig.poll["reason"]) == ("stopped", "lich answered 404")
+    rig.poller.start()
+    rig.poller._thread.join(5)
+    assert not rig.poller._thread.is_alive() and len(mocked.calls) == 2  # the thread's one poll, no other
 
 
-# -- the schedule, on a frozen clock ----------------------------------------------
-
-
-def test_failures_follow_the_backoff_schedule_and_a_200_resets_it(mocked):
-    sent = []
-    with freeze_time("2026-11-30 12:00:00") as clock:
-
-        def wait(delay):
-            clock.tick(delay)  # the wait passes on the frozen clock, at once
-            return False
-
-        rig = Rig(wait=wait)
-        mocked.add_callback(responses.GET, URL, callback=lambda request: (sent.append(time.monotonic()), (503, {}, b"busy"))[1])
-        for _ in range(7):
-            rig.poller.poll_once()
-        mocked.replace(responses.GET, URL, json=[])
-        rig.poller.poll_once()
-        mocked.replace(responses.GET, URL, body=b"busy", status=500)
-        rig.poller.poll_once()
-        rig.poller.poll_once()
-    gaps = [round(b - a, 3) for a, b in zip(sent, sent[1:])]
-    assert gaps == [1, 2, 4, 8, 10, 10]  # doubling from 1 s, capped at 10 s
-    assert rig.poll["backoff"] == 2  # the 200 reset it: 1 s, then 2 s again
-
-
-def test_the_status_tells_how_long_until_the_next_poll(mocked):
-    answer(mocked, b"busy", b"busy", b"busy", status=503)
-    with freeze_time("2026-11-30 12:00:00") as clock:
-        rig = Rig()
-        for _ in range(3):
-            rig.poller.poll_once()
-        clock.tick(1.5)
-        poll = rig.poll
-        clock.tick(30)
-        later = rig.poll
-    assert (poll["state"], poll["backoff"], poll["retry_in_s"]) == ("backing off", 4, 2.5)
-    assert (poll["last_poll_age_s"], poll["last_answer_age_s"]) == (1.5, None)
-    assert poll["reason"] == "lich answered 503" and poll["failures"] == 3
-    assert (later["retry_in_s"], later["last_poll_age_s"]) == (0.0, 31.5)
-
-
-# -- what is handed on --------------------------------------------------------------
-
-
-def test_an_item_without_an_id_is_skipped_and_the_rest_still_go_on(mocked):
+def test_failures_follow_the_backoff_schedule_and_an_answer_resets_it(mocked):
     rig = Rig()
-    answer(mocked, ["junk", {"kind": "abort"}, {"id": "m2", "kind": "abort"}])
-    assert rig.poller.poll_once() is True
+    answer(mocked, *[b"busy"] * 6, status=503)
+    answer(mocked, [])
+    answer(mocked, b"busy", b"busy", status=500)
+    assert [rig.poller.poll_once() for _ in range(9)] == [1, 2, 4, 8, 10, 10, 0, 1, 2]  # doubling from 1 s, capped at 10 s
+
+
+# -- what is handed on ------------------------------------------------------------------------
+
+
+def test_items_without_a_usable_id_are_skipped_in_one_line_and_the_rest_go_on(mocked, caplog):
+    rig = Rig()
+    answer(mocked, b'["junk", {"kind": "abort"}, ' + HUGE + b', {"id": -' + HUGE + b', "kind": "abort"}, {"id": "m2", "kind": "abort"}]')
+    assert rig.poller.poll_once() == 0
     assert [c.id for c in rig.ordered] == ["m2"]
-    errors = [e["what"] for e in rig.activity.snapshot()["errors"]]
-    assert any("not a JSON object" in e for e in errors) and any("no id" in e for e in errors)
+    what = (
+        "an item that is not a JSON object (a number); an item that is not a JSON object (a string); "
+        "an item with an id that is not a non-empty string (a number); an item with no id"
+    )
+    assert warnings_of(caplog) == [f"skipped 4 items of lich's answer: {what}"]
+    assert rig.errors == [f"skipped {what}"]
+
+
+def test_a_huge_integer_costs_the_field_holding_it_not_the_answer(mocked):
+    rig = Rig()
+    answer(mocked, b'[{"id": "m1", "kind": "model", "model": ' + HUGE + b'}, {"id": "m2", "kind": "abort", "n": ' + HUGE + b"}]")
+    assert rig.poller.poll_once() == 0
+    assert [(c.id, c.problem) for c in rig.ordered] == [
+        ("m1", "model must be a non-empty string, or absent to drop the override (got a number)"),
+        ("m2", None),  # a field no kind reads
+    ]
 
 
 def test_a_bad_ask_goes_to_the_worker_to_be_acked_in_order(mocked):
     rig = Rig()
     answer(mocked, [{"id": "m9", "kind": "ask"}])
     rig.poller.poll_once()
-    assert rig.asks == [] and rig.ordered[0].problem.startswith("question must be")
+    assert rig.asks == [] and rig.ordered[0].problem == "question must be a non-empty string (missing)"
+
+
+def test_an_id_repeated_within_one_answer_is_applied_once_with_one_line(mocked, caplog):
+    rig = Rig()
+    answer(mocked, [abort("m2"), {"id": "m2", "kind": "model"}, abort("m3"), abort("m2")])
+    rig.poller.poll_once()
+    assert [(c.id, c.kind) for c in rig.ordered] == [("m2", "abort"), ("m3", "abort")]
+    assert warnings_of(caplog) == ["skipped 2 items of lich's answer: an id repeated in one answer (its first is applied) ×2 ['m2', 'm2']"]
 
 
 def test_an_id_lich_sends_again_in_a_later_poll_is_applied_again(mocked):
     # lich never resends: the same id later is a lich that restarted and
     # counts from m1 again, and its command must not be skipped.
     rig = Rig()
-    answer(mocked, [{"id": "m1", "kind": "abort"}], [{"id": "m1", "kind": "abort"}])
+    answer(mocked, [abort("m1")], [abort("m1")])
     rig.poller.poll_once()
     rig.poller.poll_once()
     assert [c.id for c in rig.ordered] == ["m1", "m1"]
 
 
-def test_an_id_repeated_within_one_answer_is_applied_once_with_one_line(mocked, caplog):
+def test_an_answer_over_the_item_cap_hands_on_the_first_items_and_says_so_once(mocked, caplog):
     rig = Rig()
-    answer(mocked, [{"id": "m2", "kind": "abort"}, {"id": "m2", "kind": "model"}, {"id": "m3", "kind": "abort"}, {"id": "m2", "kind": "abort"}])
-    rig.poller.poll_once()
-    assert [(c.id, c.kind) for c in rig.ordered] == [("m2", "abort"), ("m3", "abort")]
-    lines = [r.getMessage() for r in caplog.records if r.name == "lich_control.poller" and r.levelname == "WARNING"]
-    assert len(lines) == 1 and "given twice" in lines[0] and "×2" in lines[0] and "'m2'" in lines[0]
+    answer(mocked, [abort(f"m{n}") for n in range(MAX_ITEMS + 500)])
+    assert rig.poller.poll_once() == 0
+    assert [c.id for c in rig.ordered] == [f"m{n}" for n in range(MAX_ITEMS)]
+    assert warnings_of(caplog) == [f"skipped 500 items of lich's answer: an item past the first {MAX_ITEMS:,} of one answer (dropped unread) ×500"]
+    assert rig.poll["failures"] == 0
 
 
-# -- stopping -------------------------------------------------------------------------
+items = st.one_of(
+    st.fixed_dictionaries({"id": st.sampled_from(["m1", "m2", "m3", "", 7, None]), "kind": st.sampled_from(["abort", "ask", "prompt", "rewind", 3])}),
+    st.none() | st.integers() | st.text(max_size=4),
+)
+bodies = st.one_of(
+    st.lists(items, max_size=6).map(lambda answer: json.dumps(answer).encode()),
+    st.lists(items, max_size=6).map(lambda answer: json.dumps(answer).encode()).flatmap(lambda b: st.integers(0, len(b)).map(lambda n: b[:n])),
+    st.binary(max_size=30),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=bodies)
+def test_any_body_is_commands_each_usable_id_handed_on_once_or_one_failed_poll(body):
+    rig = Rig()
+    with responses.RequestsMock() as mocked:
+        answer(mocked, body)
+        delay = rig.poller.poll_once()
+    rig.client.close()
+    try:
+        read = json.loads(body)
+    except ValueError:
+        read = None
+    if isinstance(read, list):
+        wanted = [i["id"] for i in read if isinstance(i, dict) and isinstance(i.get("id"), str) and i["id"]]
+        assert delay == 0 and collections.Counter(c.id for c in rig.ordered + rig.asks) == collections.Counter(set(wanted))
+    else:
+        assert delay == 1.0 and rig.ordered == rig.asks == [] and rig.poll["failures"] == 1
+
+
+# -- the thread and stopping ------------------------------------------------------------------
 
 
 def test_stop_cuts_a_parked_poll_and_ends_the_thread():
     client = ScriptedClient([])  # parks until abandoned, as a held poll does
-    parked = threading.Event()
-    original = client.poll
-
-    def parked_poll():
-        parked.set()
-        return original()
-
-    client.poll = parked_poll
     rig = Rig(client=client)
     rig.poller.start()
-    assert parked.wait(5)
     assert rig.poller.stop(timeout=5)
     assert client.abandoned.is_set()
 
 
 def test_commands_from_a_poll_that_returns_during_stop_are_not_applied(mocked):
     rig = Rig()
-    answer(mocked, [{"id": "m1", "kind": "abort"}])
+    answer(mocked, [abort("m1")])
     rig.poller._stop.set()  # the stop arrived while the poll was out
-    assert rig.poller.poll_once() is False
+    assert rig.poller.poll_once() is None
     assert rig.ordered == []
+
+
+def test_a_stop_between_two_items_hands_on_nothing_more(mocked):
+    rig = Rig()
+    rig.poller._submit = lambda command: (rig.ordered.append(command), rig.poller._stop.set())
+    answer(mocked, [abort(f"m{n}") for n in range(100)])
+    assert rig.poller.poll_once() is None
+    assert [c.id for c in rig.ordered] == ["m0"]
+
+
+def test_a_poll_whose_handling_fails_is_a_failed_poll_and_polling_goes_on():
+    # One second of real backoff between the two polls: the thread's own wait.
+    client = ScriptedClient([RuntimeError("a bug in the client"), [abort("m1")]])
+    rig = Rig(client=client)
+    rig.poller.start()
+    try:
+        assert rig.handed.wait(10)
+    finally:
+        assert rig.poller.stop(timeout=5)
+    assert [c.id for c in rig.ordered] == ["m1"] and rig.poll["failures"] == 1
+
+
+def test_a_poller_that_cannot_even_count_a_failure_says_so_and_ends(monkeypatch):
+    crashed = []
+    rig = Rig(client=ScriptedClient([RuntimeError("a bug in the client")]), on_crash=crashed.append)
+    monkeypatch.setattr(rig.activity, "poll_failed", lambda reason, backoff: 1 / 0)
+    rig.poller.start()
+    rig.poller._thread.join(5)
+    assert crashed == ["the poller failed"] and not rig.poller._thread.is_alive()

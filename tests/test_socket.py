@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lich_control.batch import MAX_VALUES
+from lich_control.commands import MAX_VALUES
 from lich_control.bridge import BadMessage
 from lich_control.unix_socket import MAX_BODY, Routes, UnixConnection, UnixHttpServer, unix_request
 

@@ -3,7 +3,7 @@ import pytest
 from lich_control.acker import Acker
 from lich_control.status import Activity
 from lich_control.asks import Asks, fork_ack
-from lich_control.commands import Command, parse_batch
+from lich_control.commands import Command
 from lich_control.engine import CallResult, Overrides, Turns
 from lich_control.worker import Worker
 
@@ -25,7 +25,7 @@ class Rig:
         self.worker.start()
 
     def send(self, *items):
-        for command in parse_batch(list(items)):
+        for command in map(Command.from_json, items):
             self.activity.received(command.id, command.kind)
             (self.asks.submit if command.kind == "ask" and command.problem is None else self.worker.submit)(command)
 
