@@ -279,12 +279,11 @@ class StubLich:
             mod.last_poll = self._clock()
             deadline = mod.last_poll + self.hold
             mod.hung_up = False
-            mod.parked += 1
             self._cond.notify_all()
         self._hangups.watch(conn, lambda: self._hung_up(gone))
+        parked_at = None  # mod.queued when this poll found nothing and parked
         try:
             with self._cond:
-                parked_at = None  # mod.queued when this poll found nothing and parked
                 while True:
                     if gone.is_set():
                         mod.hung_up = True  # it took nothing with it
@@ -299,13 +298,16 @@ class StubLich:
                     woken = parked_at is not None and mod.queued != parked_at
                     if batch or woken or self._closed or left <= 0:
                         return Answer(body=batch)
-                    if parked_at is None:
+                    if parked_at is None:  # counted as held only now, as lich parks it only now
                         parked_at = mod.queued
+                        mod.parked += 1
+                        self._cond.notify_all()
                     self._cond.wait(left)
         finally:
             self._hangups.forget(conn)
             with self._cond:
-                mod.parked -= 1
+                if parked_at is not None:
+                    mod.parked -= 1
                 self._cond.notify_all()
 
     def _drain(self, mod: Mod) -> List[dict]:
