@@ -20,11 +20,12 @@ poll wakes when an answer is scripted for it.
 from __future__ import annotations
 
 import collections
-import json
 import threading
 from typing import Any, Deque, Optional, Tuple
 
 import attrs
+
+from .rules import encode_answer
 
 
 @attrs.frozen
@@ -38,6 +39,7 @@ class Answer:
     delay: float = 0.0  # seconds before answering
     reset_mid_body: bool = False  # half the body, then a TCP reset
     length: Optional[int] = None  # the Content-Length to declare; one over the body's ends only with the connection
+    chunked: Optional[bool] = None  # None: framed as lich's Go server frames it (chunked past 2 KiB)
     close_after: bool = False  # say Connection: close, and close once answered
     # A lich that never finishes answering. `wire` goes out as it is in place
     # of the whole answer, status line included; `endless` follows the answer
@@ -54,11 +56,12 @@ class Answer:
             raise ValueError("a delay or a drip is a number of seconds, 0 or more")
         if self.endless is not None and not (self.endless and self.drip > 0):
             raise ValueError("an endless answer needs bytes to repeat and a drip between them")
+        if self.chunked and self.length is not None:
+            raise ValueError("an answer declares a length or is chunked, not both")
 
     def payload(self) -> bytes:
-        if self.raw is not None:
-            return self.raw
-        return json.dumps(self.body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        """The body: `raw` as it is, else `body` encoded as lich encodes a poll's answer."""
+        return self.raw if self.raw is not None else encode_answer(self.body)
 
     @property
     def closes(self) -> bool:

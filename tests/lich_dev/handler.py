@@ -32,6 +32,12 @@ from .rules import MAX_ACK_BYTES, parse_json, validate_ack
 log = logging.getLogger("lich_dev.lich")
 
 PLUGIN_HEADER = "X-Lich-Plugin"
+# Go's net/http server (server.go): a response is buffered this far before it
+# must choose its framing, so a longer one goes out chunked; and a request body
+# a handler left unread is discarded up to this much to keep the connection,
+# past which the connection closes.
+GO_CHUNKING_BUFFER = 2048  # bufferBeforeChunkingSize
+GO_DISCARD_LIMIT = 256 * 1024  # maxPostHandlerReadBytes
 RESET_LINGER = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a TCP reset
 
 Route = Callable[["Handler", Dict[str, list]], None]
@@ -121,24 +127,48 @@ class Handler(BaseHTTPRequestHandler):
             return None
         return self.rfile.read(int(length))
 
+    def body_as_lich_reads(self, limit: int) -> Optional[bytes]:
+        """The body's first `limit` bytes, as lich reads an ack
+        (io.ReadAll(io.LimitReader(r.Body, limit))): a longer body is cut,
+        and parses only if its JSON ended inside the cut. The rest is left
+        as Go's server leaves it: discarded, or the connection closed."""
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit():
+            self.close_connection = True
+            self.reply(411, b"a Content-Length is required\n")
+            return None
+        raw = self.rfile.read(min(int(length), limit))
+        rest = int(length) - len(raw)
+        if rest >= GO_DISCARD_LIMIT:
+            self.close_connection = True
+        elif rest:
+            self.rfile.read(rest)
+        return raw
+
     def reply_json(self, status: int, doc: Any) -> None:
         self.reply(status, json.dumps(doc, ensure_ascii=False).encode("utf-8", "backslashreplace"), "application/json")
 
     def reply(
         self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8", extra=None,
-        length: Optional[int] = None, phrase: Optional[str] = None,
+        length: Optional[int] = None, phrase: Optional[str] = None, chunked: bool = False,
     ) -> None:
         self.send_response(status, phrase)
         for name, value in (extra or {}).items():
             self.send_header(name, value)
         if status != 204:
             self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body) if length is None else length))
+            if chunked:
+                self.send_header("Transfer-Encoding", "chunked")
+            else:
+                self.send_header("Content-Length", str(len(body) if length is None else length))
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        if status != 204:
-            self.wfile.write(body)
+        if status == 204:
+            return
+        if chunked:  # one chunk, then the last, as Go's chunkWriter writes an answer encoded in one write
+            body = (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+        self.wfile.write(body)
 
     def rendered(self, status: int, body: bytes, content_type: str, **kwargs: Any) -> bytes:
         """The bytes `reply` would send, unsent: for an answer written out slowly."""
@@ -221,7 +251,8 @@ def _give(req: Handler, answer: Answer) -> None:
     # connection would otherwise poll a closing stub in a loop.
     if answer.closes or req.lich._closed:
         req.close_connection = True
-    req.reply(answer.status, body, "application/json", length=answer.length)
+    chunked = answer.chunked if answer.chunked is not None else answer.length is None and len(body) > GO_CHUNKING_BUFFER
+    req.reply(answer.status, body, "application/json", length=answer.length, chunked=chunked)
     if answer.close_after:
         req.wfile.flush()
         req.cut()
@@ -229,7 +260,7 @@ def _give(req: Handler, answer: Answer) -> None:
 
 def mod_acks(req: Handler, query: Dict[str, list]) -> None:
     lich = req.lich
-    raw = req.body(MAX_ACK_BYTES)
+    raw = req.body_as_lich_reads(MAX_ACK_BYTES)
     if raw is None:
         return
     doc = parse_json(raw)

@@ -31,12 +31,15 @@ lich refuses, and raises `NotPolling` when the session's mod has not polled
 within the attach window or hung up its last poll. What it keeps:
 
 - A poll answers at once with the queued commands, else holds up to `hold`
-  seconds and answers `[]`; a command queued meanwhile wakes it. Delivery is
-  at most once. A command queued more than `stale_after` seconds before the
+  seconds and answers `[]`; a command queued meanwhile wakes every poll held
+  for the session, and one that finds the queue drained answers `[]` at once.
+  An answer is written as lich's Go server writes it (rules.encode_answer,
+  chunked past 2 KiB: handler.py). Delivery is at most once. A command queued more than `stale_after` seconds before the
   poll that would take it is dropped instead. A command whose caller's wait
   ended before a poll collected it is withdrawn: it is never delivered.
-- An ack is checked as lich checks it (400 with the reason), and settles the
-  wait on its command; one for an id nobody waits on is accepted all the same.
+- An ack is read and decoded as lich reads it (its first 64 KiB, through Go's
+  JSON decoder: rules.parse_json), checked as lich checks it (400 with the
+  reason), and settles the wait on its command; one for an id nobody waits on is accepted all the same.
 - Each session's plugin release (`X-Lich-Plugin`) is kept, and one outside
   the range lich supports is warned about once per session and release.
 
@@ -205,6 +208,7 @@ class StubLich:
             for command in commands:
                 entry = self._commands[command["id"]] = Queued(command, session_id, now)
                 mod.waiting.append(entry)
+            mod.queued += 1
             self._cond.notify_all()
         return ids
 
@@ -275,9 +279,9 @@ class StubLich:
             mod.last_poll = self._clock()
             deadline = mod.last_poll + self.hold
             mod.hung_up = False
-            mod.parked += 1
             self._cond.notify_all()
         self._hangups.watch(conn, lambda: self._hung_up(gone))
+        parked_at = None  # mod.queued when this poll found nothing and parked
         try:
             with self._cond:
                 while True:
@@ -291,13 +295,19 @@ class StubLich:
                         return scripted
                     batch = self._drain(mod)
                     left = deadline - self._clock()
-                    if batch or self._closed or left <= 0:
+                    woken = parked_at is not None and mod.queued != parked_at
+                    if batch or woken or self._closed or left <= 0:
                         return Answer(body=batch)
+                    if parked_at is None:  # counted as held only now, as lich parks it only now
+                        parked_at = mod.queued
+                        mod.parked += 1
+                        self._cond.notify_all()
                     self._cond.wait(left)
         finally:
             self._hangups.forget(conn)
             with self._cond:
-                mod.parked -= 1
+                if parked_at is not None:
+                    mod.parked -= 1
                 self._cond.notify_all()
 
     def _drain(self, mod: Mod) -> List[dict]:

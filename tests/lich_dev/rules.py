@@ -8,7 +8,9 @@ differs on purpose.
 """
 from __future__ import annotations
 
+import codecs
 import json
+import re
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 # internal/terminal/modcontrol.go: modPollWait, and the attach window, which
@@ -41,9 +43,14 @@ PLUGIN_TOO_OLD = (
     "this session's lich-plugin is too old for it: update lich-plugin to 0.15.0 or later, then restart the session"
 )
 
-# Fields that are strings on the wire, where lich's encoding (omitempty)
-# sends an empty one as no field at all.
-_OPTIONAL_STRINGS = ("model", "effort", "args")
+# internal/relay: the statuses a prompt's notification carries.
+NOTIFICATION_STATUSES = ("completed", "waiting")
+
+# What Go's strings.TrimSpace and strings.Fields take for white space
+# (unicode.IsSpace): Python's str.strip also takes U+001C..U+001F.
+_GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+_GO_FIELD = re.compile(f"[^{_GO_SPACE}]+")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Refused(Exception):
@@ -59,21 +66,23 @@ def check_command(command: Mapping[str, Any], kinds: Mapping[str, Tuple[str, ...
 
     The rules run in lich's order (modcontrol.go queueModCommand): a known
     kind, a runnable slash command, only the kind's own fields, a prompt
-    with text. `id` is this stub's addition: a caller may name its command.
+    with text. lich holds a command in a Go struct whose empty strings are
+    no field at all (`omitempty`), so an empty field here is an absent one,
+    and a Go string holds no lone surrogate. `id` is this stub's addition:
+    a caller may name its command.
     """
     kind = command.get("kind")
     if not isinstance(kind, str) or kind not in kinds:
         raise Refused(f"unknown mod command kind {_quoted(kind)}")
-    queued = {name: value for name, value in command.items() if value is not None}
-    if "id" in queued and (not isinstance(queued["id"], str) or not queued["id"]):
+    queued = {name: value for name, value in command.items() if value is not None and value != ""}
+    if command.get("id") is not None and (not isinstance(command["id"], str) or not command["id"]):
         raise Refused("a command's id must be a non-empty string")
-    for name, value in list(queued.items()):
+    for name, value in queued.items():
         if name in ("id", "kind", "notification"):
             continue
         if not isinstance(value, str):
             raise Refused(f"{kind} command's {name} must be a string")
-        if name in _OPTIONAL_STRINGS and value == "":
-            del queued[name]
+        queued[name] = go_string(value)
     if kind == "command":
         queued["name"] = _runnable_name(queued.get("name", ""))
     own = set(kinds[kind]) | {"id", "kind"}
@@ -81,15 +90,15 @@ def check_command(command: Mapping[str, Any], kinds: Mapping[str, Tuple[str, ...
     if strangers:
         raise Refused(f"{kind} command carries a field that belongs to another kind ({', '.join(strangers)})")
     if kind == "prompt":
-        if not queued.get("text", "").strip():
+        if _go_blank(queued.get("text", "")):
             raise Refused("prompt command has no text")
-        if "notification" in queued and not _is_notification(queued["notification"]):
-            raise Refused("a prompt's notification must be an object with a status and a summary, both strings")
+        if "notification" in queued:
+            queued["notification"] = _notification(queued["notification"])
     if kind == "ask":
         question = queued.get("question", "")
-        if not question.strip():
+        if _go_blank(question):
             raise Refused("ask command has no question")
-        if len(question.encode("utf-8", "surrogatepass")) > MAX_QUESTION_BYTES:
+        if len(question.encode("utf-8")) > MAX_QUESTION_BYTES:
             raise Refused(f"ask command's question is over {MAX_QUESTION_BYTES // 1024} KiB")
     return queued
 
@@ -99,12 +108,12 @@ def _runnable_name(name: str) -> str:
     dropped), or `Refused`: modcontrol.go runnableCommand, which reads the
     first word with every leading slash gone, so no spelling of /model or
     /effort reaches Claude Code."""
-    name = name.strip()
+    name = name.strip(_GO_SPACE)
     if name.startswith("/"):
         name = name[1:]
     if not name:
         raise Refused("a command needs the name of a slash command, and none was given")
-    first = name.split()[0].lstrip("/").lower()
+    first = _GO_FIELD.search(name).group().lstrip("/").lower()
     kind = DEFAULT_WRITING_COMMANDS.get(first)
     if kind is not None:
         raise Refused(
@@ -114,40 +123,56 @@ def _runnable_name(name: str) -> str:
     return name
 
 
-def _is_notification(value: Any) -> bool:
-    return (
-        isinstance(value, dict)
-        and set(value) == {"status", "summary"}
-        and all(isinstance(value[name], str) for name in ("status", "summary"))
-    )
+def _notification(value: Any) -> Dict[str, str]:
+    """A prompt's notification as lich queues it (a status it knows and a
+    summary to show), or `Refused`. The wording is the stub's: the copy of
+    lich's source read for it does not show this check's."""
+    if not isinstance(value, dict) or set(value) != {"status", "summary"} or not all(isinstance(v, str) for v in value.values()):
+        raise Refused("a prompt's notification must be an object with a status and a summary, both strings")
+    if value["status"] not in NOTIFICATION_STATUSES:
+        raise Refused(f"notification has unknown status {_quoted(value['status'])}: lich sends completed or waiting")
+    if _go_blank(value["summary"]):
+        raise Refused("notification has no summary")
+    return {"status": value["status"], "summary": go_string(value["summary"])}
+
+
+def _go_blank(text: str) -> bool:
+    return not text.strip(_GO_SPACE)
+
+
+def go_string(text: str) -> str:
+    """`text` as a Go string can hold it: every lone surrogate is U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def validate_ack(doc: Any, kinds: Mapping[str, Tuple[str, ...]] = CONTRACT_KINDS) -> Optional[str]:
     """None for an ack lich takes, else the reason it answers 400 with.
 
-    The shape rules and their wording are the contract's (tests/fixtures/
-    acks.jsonl); the kind must be one lich knows (modcontrol.go parseModAck,
-    in its words). The id is not checked against anything: lich accepts an
-    ack nobody waits on like any other.
+    What lich takes is what Go decodes into its ack struct (modcontrol.go
+    parseModAck): a null or an empty string is the field's zero value, so
+    `ok` missing or null reads as false and an empty `answer` is no answer.
+    The wording is the contract fixtures' (tests/fixtures/acks.jsonl), and
+    lich's own where it has one (an unknown kind). The id is not checked
+    against anything: lich accepts an ack nobody waits on like any other.
     """
     if not isinstance(doc, dict):
         return "body must be a JSON object"
     for name in ("session_id", "id", "kind"):
-        if name not in doc or doc[name] is None:
+        if doc.get(name) is None:
             return f"{name} is required"
         if not isinstance(doc[name], str) or not doc[name]:
             return f"{name} must be a non-empty string"
     if doc["kind"] not in kinds:
         return f"mod ack has unknown kind {_quoted(doc['kind'])}"
-    if not isinstance(doc.get("ok"), bool):
+    if doc.get("ok") is not None and not isinstance(doc["ok"], bool):
         return "ok must be a boolean"
-    if "error" in doc and not isinstance(doc["error"], str):
+    if doc.get("error") is not None and not isinstance(doc["error"], str):
         return "error must be a string"
-    if "answer" in doc:
-        if doc["kind"] != "ask" or doc["ok"] is not True:
-            return "only an answered ask carries an answer"
-        if not isinstance(doc["answer"], str):
-            return "answer must be a string"
+    answer = doc.get("answer")
+    if answer is not None and not isinstance(answer, str):
+        return "answer must be a string"
+    if answer and (doc["kind"] != "ask" or doc.get("ok") is not True):
+        return "only an answered ask carries an answer"
     return None
 
 
@@ -161,15 +186,52 @@ def reported_error(ack: Optional[Mapping[str, Any]]) -> Optional[str]:
 
 
 def parse_json(raw: bytes) -> Any:
-    """The document in `raw`, or None for anything that does not parse.
+    """The document in `raw` as Go's encoding/json reads it, or None for
+    anything that does not parse.
 
-    Hostile input may fail at any depth and in more ways than ValueError
-    (nesting deep enough raises RecursionError): every one is a bad body.
+    Go reads the bytes as UTF-8 and puts U+FFFD for each byte that is not,
+    and for each lone surrogate a \\u escape names; it knows no NaN or
+    Infinity. Hostile input may fail at any depth and in more ways than
+    ValueError (nesting deep enough raises RecursionError): every one is a
+    bad body.
     """
     try:
-        return json.loads(raw)
+        return _go_strings(json.loads(raw.decode("utf-8", "lich-dev-go"), parse_constant=_no_constant))
     except (ValueError, RecursionError):
         return None
+
+
+def encode_answer(doc: Any) -> bytes:
+    """A poll's answer as lich writes it: Go's json.NewEncoder(w).Encode, compact,
+    with <, >, &, U+2028 and U+2029 escaped and the newline Encode ends with."""
+    text = go_string(json.dumps(doc, ensure_ascii=False, separators=(",", ":")))
+    for char, escape in _GO_ESCAPES:
+        text = text.replace(char, escape)
+    return (text + "\n").encode("utf-8")
+
+
+_GO_ESCAPES = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+
+
+def _go_byte_replace(error: UnicodeDecodeError) -> Tuple[str, int]:
+    return "\ufffd", error.start + 1  # one U+FFFD per byte, as Go's decoder puts them
+
+
+codecs.register_error("lich-dev-go", _go_byte_replace)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _go_strings(doc: Any) -> Any:
+    if isinstance(doc, str):
+        return go_string(doc)
+    if isinstance(doc, list):
+        return [_go_strings(item) for item in doc]
+    if isinstance(doc, dict):
+        return {go_string(key): _go_strings(value) for key, value in doc.items()}
+    return doc
 
 
 def _quoted(value: Any) -> str:

@@ -114,3 +114,7 @@ class Mod:
         self.last_poll: Optional[float] = None  # the lich's clock when the last poll arrived
         self.parked = 0
         self.hung_up = False
+        # Counts the commands queued for it: a held poll answers once this
+        # moves, with whatever the queue then holds (lich wakes every held
+        # poll, and one that finds the queue drained answers [] at once).
+        self.queued = 0

@@ -1,0 +1,425 @@
+"""The development lich over real loopback HTTP (lich_dev/lich.py, handler.py,
+faults.py, record.py): it answers as lich's server does, and plays the
+faults and keeps the record the daemon's tests use.
+
+Its clock rules (the 25 s hold, the 30 s attach window, the stale drop) run
+on an injected clock the test moves; held polls are released by queueing,
+by a scripted answer or by `clock_moved`, never by waiting. Each rule names
+where lich has it (github.com/omartelo/lich, internal/terminal/modcontrol.go
+unless said).
+"""
+import json
+import logging
+import socket
+
+import pytest
+import requests
+
+from lich_dev.lich import AckAnswer, Answer, NotPolling, NotSeen, Refused, StubLich
+from lich_dev.rules import PLUGIN_TOO_OLD, encode_answer
+from lich_dev.state import ACKED, DELIVERED, DROPPED, ENDED, WITHDRAWN
+
+WAIT = 5.0
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def lich(clock):
+    with StubLich(clock=clock) as server:
+        yield server
+
+
+def poll(http, lich, session_id="s1", token=None, plugin="0.16.0", timeout=WAIT):
+    headers = {} if plugin is None else {"X-Lich-Plugin": plugin}
+    return http.get(f"{lich.url}/mod/commands", params={"token": token or lich.token, "session_id": session_id}, headers=headers, timeout=timeout)
+
+
+def post_ack(http, lich, data, token=None, plugin="0.16.0"):
+    body = data if isinstance(data, (str, bytes)) else json.dumps(data)
+    headers = {"Content-Type": "application/json", "X-Lich-Plugin": plugin}
+    return http.post(f"{lich.url}/mod/acks", params={"token": token or lich.token}, data=body, headers=headers, timeout=WAIT)
+
+
+def ack(cid, kind="abort", ok=True, session_id="s1", **extra):
+    return dict({"session_id": session_id, "id": cid, "kind": kind, "ok": ok}, **extra)
+
+
+def first_poll(http, lich, session_id="s1", plugin="0.16.0"):
+    """Register the mod as polling: a poll that answers at once."""
+    lich.hold, held = 0.0, lich.hold
+    try:
+        assert poll(http, lich, session_id, plugin=plugin).json() == []
+    finally:
+        lich.hold = held
+
+
+def delivered(http, lich, command, session_id="s1"):
+    """Queue a command and have a poll carry it; its id."""
+    cid = lich.queue(session_id, command)
+    assert [c["id"] for c in poll(http, lich, session_id).json()] == [cid]
+    return cid
+
+
+# -- requests lich refuses ------------------------------------------------------------
+
+
+def test_a_wrong_token_is_401_a_poll_without_a_session_400_a_wrong_method_405_a_wrong_path_404(http, lich):
+    assert poll(http, lich, token="wrong").status_code == 401
+    assert post_ack(http, lich, ack("m1"), token="wrong").status_code == 401
+    answer = http.get(f"{lich.url}/mod/commands", params={"token": lich.token}, timeout=WAIT)
+    assert (answer.status_code, answer.text) == (400, "session_id is required\n")
+    assert http.get(f"{lich.url}/mod/acks", params={"token": lich.token}, timeout=WAIT).status_code == 405
+    assert http.post(f"{lich.url}/mod/commands", params={"token": lich.token}, data=b"[]", timeout=WAIT).status_code == 405
+    assert [p.session_id for p in lich.record.polls] == [""]  # a wrong token is not recorded
+    answer = http.post(f"{lich.url}/mod/ack", params={"token": lich.token}, data=b'{"id": "x"}', timeout=WAIT)
+    assert answer.status_code == 404 and answer.headers.get("Connection") == "close"  # its body is not read as a request
+
+
+# -- acks: parseModAck, read as servePostLimited reads them ------------------------------
+
+
+PADDED = json.dumps(ack("m1")).encode() + b" " * (64 * 1024)  # the JSON ends inside lich's 64 KiB cut
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        json.dumps(ack("m1", kind="prompt", answer="")),
+        json.dumps({"session_id": "s1", "id": "m1", "kind": "abort"}),  # no ok: it reads as false
+        json.dumps(ack("m1", ok=None, error=None)),
+        b'{"session_id": "s1", "id": "m1", "kind": "abort", "ok": false, "error": "\xff\xfe"}',
+        PADDED,
+    ],
+    ids=["empty-answer-on-a-prompt", "ok-missing", "ok-and-error-null", "invalid-utf8", "past-64-kib-json-inside"],
+)
+def test_an_ack_lich_accepts_is_204_and_the_connection_lives_on(http, lich, raw):
+    assert post_ack(http, lich, raw).status_code == 204
+    assert post_ack(http, lich, ack("m2")).status_code == 204
+    assert lich.acks_received == 2
+
+
+def test_a_body_past_what_go_discards_is_taken_and_its_connection_closed(http, lich):
+    resp = post_ack(http, lich, PADDED + b" " * (256 * 1024))
+    assert resp.status_code == 204 and resp.headers.get("Connection") == "close"
+
+
+@pytest.mark.parametrize(
+    "raw, said",
+    [
+        (json.dumps(ack("m9", "ask", answer="x" * (64 * 1024))), "body must be a JSON object"),  # cut inside its JSON
+        (b"[" * 30000 + b"]" * 30000, "body must be a JSON object"),
+        (json.dumps(ack("m12", "rewind", ok=False, error="unknown kind")), 'mod ack has unknown kind "rewind"'),
+    ],
+    ids=["json-past-64-kib", "deep-array", "unknown-kind"],
+)
+def test_an_ack_lich_refuses_costs_one_400_and_the_connection_lives_on(http, lich, raw, said):
+    resp = post_ack(http, lich, raw)
+    assert (resp.status_code, resp.text) == (400, f"{said}\n")
+    assert post_ack(http, lich, ack("m1")).status_code == 204
+
+
+def test_an_answer_is_kept_as_go_decodes_it(http, lich):
+    first_poll(http, lich)
+    cid = delivered(http, lich, {"kind": "ask", "question": "what now?"})
+    raw = b'{"session_id": "s1", "id": "%s", "kind": "ask", "ok": true, "answer": "a\\ud800b\xffc"}' % cid.encode()
+    assert post_ack(http, lich, raw).status_code == 204
+    assert lich.wait(cid, WAIT).ack["answer"] == "a\ufffdb\ufffdc"
+
+
+def test_a_lich_newer_than_the_mod_takes_the_ack_of_its_newer_kind(http, clock):
+    with StubLich(clock=clock, newer_kinds={"rewind": ("to",)}) as lich:
+        first_poll(http, lich)
+        cid = delivered(http, lich, {"kind": "rewind", "to": "t1"})
+        assert post_ack(http, lich, ack(cid, "rewind", ok=False, error="unknown kind")).status_code == 204
+        outcome = lich.wait(cid, WAIT)
+    assert outcome.state == ACKED and outcome.error == PLUGIN_TOO_OLD
+
+
+# -- polls: modQueue.take, transport.modCommands ------------------------------------------
+
+
+def test_held_polls_all_wake_when_a_command_is_queued_and_one_left_with_nothing_answers_at_once(http, lich, background):
+    # enqueue wakes every waiter; the one whose drain finds nothing answers [].
+    # The hold is 25 s on a clock that does not move: only the queueing answers.
+    held = [background.submit(poll, http, lich, timeout=(WAIT, 2.0)) for _ in range(2)]
+    assert lich.wait_until("s1", lambda info: info.parked == 2, WAIT)
+    cid = lich.queue("s1", {"kind": "abort"})
+    answers = sorted((f.result(WAIT).json() for f in held), key=len)
+    assert answers == [[], [{"kind": "abort", "id": cid}]]
+
+
+def test_a_held_poll_answers_empty_once_25_s_pass_on_the_lichs_clock(http, lich, clock, background):
+    held = background.submit(poll, http, lich)
+    assert lich.wait_polled("s1", WAIT, parked=True)
+    clock.now += 25.0
+    lich.clock_moved()
+    assert held.result(WAIT).json() == []
+
+
+def test_an_answer_is_framed_as_gos_server_frames_it(http, lich):
+    # json.NewEncoder(w).Encode ends with a newline; net/http buffers 2048
+    # bytes (bufferBeforeChunkingSize), then must send what it has chunked.
+    first_poll(http, lich)
+    base = len(encode_answer([{"kind": "prompt", "text": "", "id": "k1"}]))
+    lich.queue("s1", {"kind": "prompt", "text": "x" * (2048 - base), "id": "k1"})
+    whole = poll(http, lich)
+    assert (whole.headers["Content-Length"], whole.content[-2:]) == ("2048", b"]\n")
+    lich.queue("s1", {"kind": "prompt", "text": "x" * (2049 - base), "id": "k2"})
+    chunked = poll(http, lich)
+    assert chunked.headers["Transfer-Encoding"] == "chunked" and "Content-Length" not in chunked.headers
+    assert len(chunked.content) == 2049 and chunked.json()[0]["id"] == "k2"
+
+
+def test_commands_are_delivered_at_most_once_in_order_and_only_to_their_session(http, lich):
+    first_poll(http, lich, "s1")
+    first_poll(http, lich, "s2")
+    lich.queue("s1", {"kind": "model", "model": "m"})
+    lich.queue("s1", {"kind": "command", "name": "/compact", "args": "keep the plan"})
+    assert poll(http, lich, "s1").json() == [{"kind": "model", "model": "m", "id": "k1"}, {"kind": "command", "name": "compact", "args": "keep the plan", "id": "k2"}]
+    first_poll(http, lich, "s1")  # nothing left to take
+    first_poll(http, lich, "s2")  # nor anything of another session's
+
+
+def test_queueing_refuses_what_lich_refuses_before_anything_is_queued(http, lich):
+    first_poll(http, lich)
+    with pytest.raises(Refused, match="^prompt command has no text$"):
+        lich.queue_all("s1", [{"kind": "abort"}, {"kind": "prompt", "text": " "}])
+    first_poll(http, lich)  # the abort went nowhere: one refused command refuses them all
+
+
+# -- the attach window (enqueue: errModDetached) ---------------------------------------------
+
+
+def test_queueing_for_a_session_that_never_polled_is_refused_naming_what_to_fix(lich):
+    with pytest.raises(NotPolling) as err:
+        lich.queue("s1", {"kind": "abort"})
+    said = str(err.value)
+    assert said.startswith("session s1 cannot take commands: no mod has ever polled for it.")
+    assert f"LICH_PORT={lich.port}" in said and "LICH_SESSION_ID=s1" in said and "mods on" in said
+    assert lich.token not in said
+
+
+def test_queueing_is_refused_once_the_mod_has_not_polled_for_30_s(http, lich, clock):
+    # attachWindow = modPollWait + modRepollGrace; refused when now - lastSeen > it
+    first_poll(http, lich)
+    clock.now += 30.0
+    lich.queue("s1", {"kind": "abort"})
+    clock.now += 1.0
+    with pytest.raises(NotPolling, match="its mod has not polled for 31 s"):
+        lich.queue("s1", {"kind": "abort"})
+
+
+def test_a_command_queued_over_30_s_before_the_next_poll_is_dropped(http, lich, clock):
+    # drainLocked: a command older than the attach window is not handed out
+    first_poll(http, lich)
+    cid = lich.queue("s1", {"kind": "abort"})
+    clock.now += 30.5
+    first_poll(http, lich)
+    outcome = lich.wait(cid, WAIT)
+    assert (outcome.state, outcome.delivered, outcome.dropped) == (DROPPED, False, "no poll took it within 30 s")
+
+
+def test_a_mod_that_hung_up_its_held_poll_is_not_polling_and_the_poll_is_recorded(lich):
+    # The stub's own rule (docs/dev-lich.md): lich would wait out the window.
+    conn = socket.create_connection(("127.0.0.1", lich.port))
+    conn.sendall(f"GET /mod/commands?token={lich.token}&session_id=s1 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert lich.wait_polled("s1", WAIT, parked=True)
+    assert [p.session_id for p in lich.record.polls] == ["s1"]
+    conn.close()
+    assert lich.wait_until("s1", lambda info: info.hung_up and not info.parked, WAIT)
+    with pytest.raises(NotPolling, match="its mod hung up its last poll and has not polled since"):
+        lich.queue("s1", {"kind": "abort"})
+
+
+# -- the caller's wait (await, withdrawLocked, settle) ------------------------------------------
+
+
+def test_a_command_no_poll_collected_before_the_wait_ended_is_withdrawn_and_never_delivered(http, lich):
+    first_poll(http, lich)
+    cid = lich.queue("s1", {"kind": "prompt", "text": "too late"})
+    assert (lich.wait(cid, 0).state, lich.wait(cid, 0).delivered) == (WITHDRAWN, False)
+    first_poll(http, lich)  # the next poll gets nothing
+
+
+def test_an_ack_settles_the_wait_and_a_second_another_sessions_or_one_after_the_wait_changes_nothing(http, lich):
+    first_poll(http, lich)
+    late = delivered(http, lich, {"kind": "abort"})
+    assert lich.wait(late, 0).state == DELIVERED  # delivered, not acked in time
+    assert post_ack(http, lich, ack(late)).status_code == 204
+    assert lich.wait(late, 0).ack is None
+    cid = delivered(http, lich, {"kind": "effort", "effort": "turbo"})
+    first = ack(cid, "effort", ok=False, error="unknown effort")
+    assert post_ack(http, lich, dict(first, session_id="s2")).status_code == 204  # settle: not this session's
+    assert post_ack(http, lich, first).status_code == 204
+    assert post_ack(http, lich, dict(first, error="later")).status_code == 204
+    outcome = lich.wait(cid, WAIT)
+    assert (outcome.state, outcome.ack, outcome.ok, outcome.error) == (ACKED, first, False, "unknown effort")
+    assert outcome.took_s is not None and lich.stray_acks == 3
+
+
+def test_close_lets_a_waiter_go_at_once_and_answers_a_last_poll_then_hangs_up(http, lich, background):
+    first_poll(http, lich)
+    waiting = background.submit(lich.wait, lich.queue("s1", {"kind": "abort"}), 60.0)
+    lich.close()
+    assert waiting.result(WAIT).state == ENDED
+    answer = poll(http, lich)  # on the connection kept from before
+    assert answer.status_code == 200 and answer.headers.get("Connection") == "close"
+
+
+# -- the plugin release (pluginversion.go) -------------------------------------------------------
+
+
+def test_a_release_outside_the_range_or_none_is_warned_about_once_per_session_and_release(http, lich, clock, caplog):
+    caplog.set_level(logging.WARNING, logger="lich_dev.lich")
+    for session_id, plugin in (("s1", None), ("s1", None), ("s1", "0.1.0"), ("s2", "0.1.0"), ("s3", "0.16.0"), ("s3", "9.0.0"), ("s3", "0.16.0"), ("s3", "9.0.0")):
+        first_poll(http, lich, session_id, plugin=plugin)
+    assert post_ack(http, lich, ack("m1", session_id="s4"), plugin="0.19.0").status_code == 204  # acks name it too
+    # pluginversion_test.go: back past the ceiling after a respawn warns again
+    assert lich.plugins.warned == [("s1", "absent"), ("s1", "0.1.0"), ("s2", "0.1.0"), ("s3", "9.0.0"), ("s3", "9.0.0"), ("s4", "0.19.0")]
+    lines = [r.getMessage() for r in caplog.records if "X-Lich-Plugin" in r.getMessage()]
+    assert lines[0].startswith("session s1: its mod names plugin release absent") and "0.13.0 up to, not including, 0.19.0" in lines[0]
+    clock.now += 4.0
+    info = lich.polled("s1")
+    assert (info.polls, info.last_poll_age_s, info.parked, info.plugin, info.plugin_compatible) == (3, 4.0, 0, "0.1.0", False)
+    assert lich.polled("nobody").last_poll_age_s is None
+
+
+# -- the stub's own endpoints and logs ---------------------------------------------------------------
+
+
+def test_the_control_endpoint_refuses_in_lichs_words_and_a_bad_body_is_400(http, lich):
+    url = f"{lich.url}/stub/control"
+    body = {"session_id": "s1", "command": {"kind": "abort"}, "timeout": 1}
+    assert http.post(url, params={"token": "wrong"}, data=json.dumps(body), timeout=WAIT).status_code == 401
+    resp = http.post(url, params={"token": lich.token}, data=json.dumps(body), timeout=WAIT)
+    assert resp.status_code == 409 and resp.json()["not_polling"] is True
+    body["command"] = {"kind": "command", "name": " /effort high"}
+    first_poll(http, lich)
+    resp = http.post(url, params={"token": lich.token}, data=json.dumps(body), timeout=WAIT)
+    assert resp.status_code == 409 and resp.json()["error"].startswith("/effort is refused as a command")
+    for bad in (b"[" * 100000, b"{}", json.dumps(dict(body, timeout="inf")).encode()):
+        assert http.post(url, params={"token": lich.token}, data=bad, timeout=WAIT).status_code == 400
+    doc = http.get(f"{lich.url}/stub/sessions", params={"token": lich.token}, timeout=WAIT).json()
+    assert [(s["session_id"], s["polls"], s["plugin"]) for s in doc["sessions"]] == [("s1", 1, "0.16.0")]
+
+
+def test_verbose_logging_names_each_request_by_its_path_never_its_token(http, lich, caplog):
+    caplog.set_level(logging.DEBUG, logger="lich_dev.lich")
+    first_poll(http, lich)
+    assert "GET /mod/commands -> 200" in caplog.messages
+    assert not any(lich.token in line for line in caplog.messages)
+
+
+# -- poll faults, as the client sees them -------------------------------------------------------------
+
+
+def test_scripted_answers_go_in_order_to_the_session_they_name_before_anything_queued(http, lich, background):
+    held = background.submit(poll, http, lich)
+    assert lich.wait_polled("s1", WAIT, parked=True)
+    lich.faults.script(Answer(status=404), session_id="s2")
+    lich.faults.script(Answer(status=503, body="busy"), Answer(raw=b'{"not": "an array"}'))
+    first = held.result(WAIT)  # the held poll takes the answer scripted while it waits
+    assert (first.status_code, first.json(), first.headers["Content-Type"]) == (503, "busy", "application/json")
+    assert poll(http, lich).content == b'{"not": "an array"}'
+    assert poll(http, lich, "s2").status_code == 404 and lich.faults.left() == (0, 0)
+    lich.faults.deliver("junk", {"id": "m3", "kind": "model", "model": []})  # items as they are, no rule checked
+    assert poll(http, lich).json() == ["junk", {"id": "m3", "kind": "model", "model": []}]
+
+
+@pytest.mark.parametrize(
+    "answer, error",
+    [
+        (Answer(drop=True), requests.ConnectionError),
+        (Answer(body=[], delay=30.0), requests.ReadTimeout),  # closing the lich cuts the delay short
+        (Answer(body=[{"id": "m12", "kind": "rewind"}], reset_mid_body=True), (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)),
+        (Answer(raw=b"[]", length=500), requests.exceptions.ChunkedEncodingError),  # a length past the body ends with the connection
+    ],
+    ids=["drop", "delay", "reset-mid-body", "long-length"],
+)
+def test_a_broken_answer_is_the_error_a_client_meets(http, lich, answer, error):
+    lich.faults.script(answer)
+    with pytest.raises(error):
+        poll(http, lich, timeout=(WAIT, 0.2)).json()
+
+
+def test_a_scripted_framing_overrides_gos_and_close_after_hangs_up(http, lich):
+    lich.faults.script(Answer(body=[], chunked=True), Answer(body=[{"id": "m3", "kind": "model"}], close_after=True))
+    assert poll(http, lich).headers["Transfer-Encoding"] == "chunked"
+    answer = poll(http, lich)
+    assert answer.json() == [{"id": "m3", "kind": "model"}] and answer.headers["Connection"] == "close"
+    with pytest.raises(ValueError):
+        Answer(chunked=True, length=3)
+
+
+def test_kill_resets_a_held_poll_and_frees_the_port_for_a_lich_reborn_on_it(http, background):
+    lich = StubLich().start()
+    held = background.submit(poll, http, lich)
+    assert lich.wait_polled("s1", WAIT, parked=True)
+    lich.kill()
+    with pytest.raises(requests.ConnectionError):
+        held.result(WAIT)
+    with StubLich(token=lich.token, port=lich.port) as reborn:
+        reborn.faults.script(Answer(body=[]))
+        assert poll(http, reborn).json() == []
+
+
+# -- ack faults and the record ---------------------------------------------------------------------------
+
+
+def test_scripted_ack_answers_are_used_in_order_and_only_a_2xx_takes_the_ack(http, lich):
+    lich.faults.script_acks(AckAnswer(status=400, reason="refused: because the test said so"), AckAnswer(drop=True))
+    first = post_ack(http, lich, ack("m1"))
+    assert (first.status_code, first.text) == (400, "refused: because the test said so\n")
+    with pytest.raises(requests.ConnectionError):
+        post_ack(http, lich, ack("m2"))
+    assert post_ack(http, lich, ack("m3")).status_code == 204
+    assert lich.acks_received == 1
+    assert [(a.id, a.answer) for a in lich.record.acks] == [("m1", 400), ("m2", None), ("m3", 204)]
+    assert lich.record.ack_bodies(answered=True) == [ack("m1"), ack("m3")]
+
+
+def test_held_acks_arrive_and_are_answered_once_released_or_the_lich_closes(http, lich, background):
+    lich.faults.hold_acks()
+    sent = [background.submit(post_ack, http, lich, ack(cid)) for cid in ("m1", "m2")]
+    lich.record.wait_acks(2)
+    assert lich.acks_received == 0  # arrived, recorded, not taken
+    lich.faults.release_acks()
+    assert sent[0].result(WAIT).status_code == 204
+    lich.faults.hold_acks()
+    lich.close()
+    assert sent[1].result(WAIT).status_code == 204
+
+
+def test_every_poll_and_ack_is_recorded_with_its_query_and_headers(http, lich, background):
+    waiting = background.submit(lich.record.ack_for, "m12", WAIT)  # a wait wakes on the record it waits for
+    lich.faults.script(Answer(body=[]))
+    poll(http, lich)
+    post_ack(http, lich, ack("m12"))
+    assert waiting.result(WAIT) == ack("m12")
+    [polled] = lich.record.wait_polls(1)
+    assert polled.session_id == "s1" and polled.query == {"token": [lich.token], "session_id": ["s1"]}
+    assert polled.header("x-lich-plugin") == "0.16.0" and polled.header("X-Nothing") is None
+    acked = lich.record.acks[0]
+    assert acked.header("Content-Type") == "application/json" and int(acked.header("content-length")) == len(acked.raw)
+    assert lich.token not in repr(polled) + repr(acked)
+
+
+def test_a_wait_that_runs_out_says_what_it_saw_and_a_lich_told_to_keep_none_keeps_none(http, lich):
+    post_ack(http, lich, ack("m1"))
+    with pytest.raises(NotSeen, match="waited 0 s for 1 polls; saw 0 polls and 1 acks"):  # an AssertionError
+        lich.record.wait_polls(1, timeout=0)
+    with StubLich(record=False) as quiet:
+        quiet.faults.script(Answer(body=[]))
+        poll(http, quiet)
+        assert quiet.record.polls == []
