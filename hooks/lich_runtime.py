@@ -141,9 +141,15 @@ class Runtime:
         Raises SetupFailed with the line to log when there is none.
         """
         key = self.plugin.key()
+        # A ready environment takes no lock and writes nothing that has not
+        # changed, so a full or read-only data folder keeps it usable.
+        python = self.ready(key)
+        if python:
+            self.point_at(key, python)
+            return python, False
         os.makedirs(self.data, exist_ok=True)
-        with self.locked():
-            python = self.ready(key)
+        with self.locked() as lock:
+            python = self.ready(key) if lock.waited else None  # what the run we waited for built
             if python:
                 self.point_at(key, python)
                 return python, False
@@ -167,12 +173,8 @@ class Runtime:
         """The environment's interpreter when it was built whole for `key` and still runs."""
         env = self.env_dir(key)
         python = env_python(env)
-        try:
-            with open(os.path.join(env, STAMP), encoding="utf-8") as f:
-                stamp = json.load(f)
-        except (OSError, ValueError):
-            return None
-        if stamp.get("key") != key or not os.path.exists(python):
+        stamp = read_json(os.path.join(env, STAMP))
+        if not isinstance(stamp, dict) or stamp.get("key") != key or not os.path.exists(python):
             return None
         if not self.runs_daemon(python):
             self.say("the environment in {} no longer runs the daemon; building it again".format(env))
@@ -237,8 +239,19 @@ class Runtime:
         return imports_daemon(python)
 
     def point_at(self, key, python):
-        """Records the ready interpreter where the bin/ tools and other relays look."""
-        write_json(self.path(CURRENT), {"python": python, "key": key, "root": self.plugin.root})
+        """Records the ready interpreter where the bin/ tools and other relays look.
+
+        Only a record that changed is written; one the folder cannot take costs
+        the tools their way to it, never the environment itself.
+        """
+        record = {"python": python, "key": key, "root": self.plugin.root}
+        if read_json(self.path(CURRENT)) == record:
+            return
+        try:
+            write_json(self.path(CURRENT), record)
+        except OSError as error:
+            self.say("could not record the environment in {} ({}); the bin/ tools may not find it".format(
+                self.path(CURRENT), error.strerror))
 
     def prune(self, keep):
         """Keeps the new environment and the one before it, which a daemon of an
@@ -250,12 +263,8 @@ class Runtime:
             shutil.rmtree(env, ignore_errors=True)
 
     def remembered_failure(self, key):
-        try:
-            with open(self.path(FAILURE), encoding="utf-8") as f:
-                failure = json.load(f)
-        except (OSError, ValueError):
-            return None
-        if failure.get("key") != key:  # a new release deserves a new try
+        failure = read_json(self.path(FAILURE))
+        if not isinstance(failure, dict) or failure.get("key") != key:  # a new release deserves a new try
             return None
         again = failure.get("at", 0) + RETRY_AFTER_SECONDS
         if self.now() >= again:
@@ -283,11 +292,13 @@ class _Lock:
         if fcntl is None:
             raise SetupFailed("this setup needs a POSIX system (Linux or macOS)")
         self.file = open(self.path, "a")
+        self.waited = False
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.say("another session is setting the environment up; waiting for it")
             fcntl.flock(self.file, fcntl.LOCK_EX)
+            self.waited = True
         return self
 
     def __exit__(self, *exc):
@@ -353,12 +364,29 @@ def clock(seconds):
     return time.strftime("%H:%M", time.localtime(seconds))
 
 
+def read_json(path):
+    """The document in `path`; None when there is none to read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def write_json(path, document):
-    """Whole or not at all: a reader never sees half a file."""
+    """Whole or not at all: a reader never sees half a file, and a write that
+    fails (a full disk) leaves no temporary behind."""
     temporary = "{}.{}.tmp".format(path, os.getpid())
-    with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(document, f)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(document, f)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.remove(temporary)
+        except OSError:
+            pass
+        raise
 
 
 def failure_line(problem, data=None):

@@ -8,6 +8,7 @@ has no lich_control and a plugin folder that asks for more than it has.
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -249,9 +250,9 @@ def copy_of_the_script(plugin):
     return script
 
 
-def run_script(script, *args, env=None):
+def run_script(script, *args, env=None, preexec_fn=None):
     result = subprocess.run([sys.executable, script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            universal_newlines=True, env=env, timeout=120)
+                            universal_newlines=True, env=env, timeout=120, preexec_fn=preexec_fn)
     lines = result.stdout.splitlines()
     assert len(lines) == 1, result.stdout + result.stderr
     return result.returncode, json.loads(lines[0]), result.stderr
@@ -283,6 +284,53 @@ def test_the_program_takes_its_data_folder_from_claude_code(tmp_path, data):
     _, result, _ = run_script(script, env=dict(env, CLAUDE_PLUGIN_DATA=data))
     assert "needs 99.0 or later" in result["error"]
     assert os.path.exists(os.path.join(data, runtime.FAILURE))
+
+
+def ready_environment(plugin, data):
+    """What a finished build leaves in `data` for `plugin`, its interpreter a
+    stand-in that imports anything; its path."""
+    env = os.path.join(data, "env-" + plugin.key())
+    os.makedirs(os.path.join(env, "bin"))
+    python = runtime.env_python(env)
+    write(python, "#!/bin/sh\nexit 0\n")
+    os.chmod(python, 0o755)
+    write(os.path.join(env, runtime.STAMP), json.dumps({"key": plugin.key()}))
+    return python
+
+
+def full_disk():
+    """In the child: every write into a file fails (EFBIG past a size limit
+    of 0, as ENOSPC does on a full disk); its pipes still carry its answer."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "not-recorded"])
+def test_a_ready_environment_is_used_from_a_full_data_folder_and_leaves_nothing_behind(tmp_path, data, recorded):
+    plugin = make_plugin(os.path.realpath(str(tmp_path / "plugin")))
+    script = copy_of_the_script(plugin)
+    python = ready_environment(plugin, data)
+    if recorded:  # as the run that built it left it
+        write(os.path.join(data, runtime.CURRENT), json.dumps({"python": python, "key": plugin.key(), "root": plugin.root}))
+    before = sorted(os.listdir(data))
+    code, result, stderr = run_script(script, "--data", data, preexec_fn=full_disk)
+    assert (code, result) == (0, {"ok": True, "python": python, "built": False}), stderr
+    assert sorted(os.listdir(data)) == before  # no lock file, no current.json.<pid>.tmp
+    if not recorded:
+        assert "could not record the environment in {}".format(os.path.join(data, runtime.CURRENT)) in stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder whatever its mode; CI runs the suite again as an unprivileged user")
+def test_a_ready_environment_is_used_from_a_read_only_data_folder(tmp_path, data):
+    plugin = make_plugin(os.path.realpath(str(tmp_path / "plugin")))
+    script = copy_of_the_script(plugin)
+    python = ready_environment(plugin, data)
+    os.chmod(data, 0o555)
+    try:
+        code, result, stderr = run_script(script, "--data", data)
+    finally:
+        os.chmod(data, 0o755)
+    assert (code, result) == (0, {"ok": True, "python": python, "built": False}), stderr
+    assert sorted(os.listdir(data)) == [os.path.basename(os.path.dirname(os.path.dirname(python)))]
 
 
 # --- the bin/ tools ---------------------------------------------------------------
