@@ -30,6 +30,7 @@ import argparse
 import configparser
 import glob
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -48,6 +49,8 @@ except ImportError:  # not a POSIX system
 # (bin/ on its PATH), and the guard that stops a tool re-running itself twice.
 PYTHON_VARIABLE = "LICH_CONTROL_PYTHON"
 REEXEC_GUARD = "LICH_CONTROL_REEXECUTED"
+# What lich sets in a session it started; the daemon needs all three.
+LICH_VARIABLES = ("LICH_PORT", "LICH_TOKEN", "LICH_SESSION_ID")
 RETRY_AFTER_SECONDS = 3600
 KEPT_ENVIRONMENTS = 2
 STAMP = "lich-control-env.json"
@@ -412,14 +415,18 @@ def chosen_python(environ=os.environ):
     return private_python(environ)
 
 
+def data_folders(environ=os.environ):
+    """This plugin's data folders: the one Claude Code named, else every one it keeps."""
+    if environ.get("CLAUDE_PLUGIN_DATA"):
+        return [environ["CLAUDE_PLUGIN_DATA"]]
+    config = environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".claude")
+    return sorted(glob.glob(os.path.join(config, "plugins", "data", "lich-control-*")))
+
+
 def private_python(environ=os.environ):
     """The ready interpreter recorded in a data folder of this plugin, this
     folder's own first, then the newest."""
-    if environ.get("CLAUDE_PLUGIN_DATA"):
-        folders = [environ["CLAUDE_PLUGIN_DATA"]]
-    else:
-        config = environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".claude")
-        folders = glob.glob(os.path.join(config, "plugins", "data", "lich-control-*"))
+    folders = data_folders(environ)
     found = []
     for folder in folders:
         try:
@@ -432,6 +439,29 @@ def private_python(environ=os.environ):
         if python and os.path.exists(python):
             found.append((current.get("root") == PLUGIN_ROOT, mtime, python))
     return max(found)[2] if found else None
+
+
+def inside_lich(environ=os.environ):
+    """Whether lich started this session: each of its variables set. Read
+    before anything that needs the environment, which outside lich is never built."""
+    return all(environ.get(name) for name in LICH_VARIABLES)
+
+
+def entry_point(tool, module):
+    """`module`'s main; with the package's dependencies missing (no environment
+    built yet), the tool ends here with the one line that says what to do."""
+    try:
+        return importlib.import_module(module).main
+    except ModuleNotFoundError as missing:
+        if (missing.name or "").split(".")[0] == "lich_control":
+            raise  # the plugin's own files: not a missing environment
+        folders = data_folders()
+        data = folders[0] if folders else "<the plugin's data folder, ~/.claude/plugins/data/lich-control-…>"
+        sys.stderr.write(
+            "{}: lich-control's Python environment is not built yet (no {} here); a session inside lich builds it "
+            "as it starts, or build it now with python3 {} --data {}, or install lich-control into a Python of "
+            "your own (docs/install.md)\n".format(tool, missing.name, os.path.join(HERE, "lich_runtime.py"), data))
+        sys.exit(1)
 
 
 def reexec(script, argv=None):

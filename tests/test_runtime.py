@@ -365,3 +365,39 @@ def test_a_tool_finds_the_private_environment_in_claude_codes_data_folders(tmp_p
     (tmp_path / "a" / "python").unlink()
     assert runtime.private_python(environ) == str(tmp_path / "b" / "python")
     assert runtime.private_python({"CLAUDE_CONFIG_DIR": str(tmp_path / "none")}) is None
+
+
+def bare_tool_env(tmp_path, **lich):
+    """A shell with no environment built anywhere: no interpreter named, no data folder."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("LICH_", "CLAUDE_")) and name != runtime.REEXEC_GUARD}
+    env.update(CLAUDE_CONFIG_DIR=str(tmp_path / "claude"), LICH_CONTROL_RUN_DIR=str(tmp_path / "run"), **lich)
+    return env
+
+
+def run_tool(name, env):
+    # Started by a Python that cannot import attrs (-S), as the system's python3 is.
+    return subprocess.run([sys.executable, "-S", os.path.join(ROOT, "bin", name)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, env=env, timeout=60)
+
+
+LICH = {"LICH_PORT": "4100", "LICH_TOKEN": "secret-token", "LICH_SESSION_ID": "card-1"}
+
+
+@pytest.mark.parametrize("unset", sorted(LICH))
+def test_the_daemon_outside_lich_with_no_environment_exits_0_and_says_nothing(tmp_path, unset):
+    lich = dict(LICH, **{unset: ""})
+    result = run_tool("lich-mod-daemon", bare_tool_env(tmp_path, **lich))
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize("tool", ["lich-mod-daemon", "lich-mod-status"])
+def test_a_tool_with_no_environment_says_in_one_line_what_to_do(tmp_path, tool):
+    result = run_tool(tool, bare_tool_env(tmp_path, **LICH))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(tool + ": lich-control's Python environment is not built yet (no attrs here)")
+    assert "{} --data".format(os.path.join(ROOT, "hooks", "lich_runtime.py")) in lines[0]
+    assert "secret-token" not in result.stderr
