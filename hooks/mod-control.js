@@ -49,7 +49,7 @@ export function register(on) {
 // Runs off the hook's back: the session goes on, turns included, while an
 // environment is built, and the daemon starts when it is ready.
 async function supervise($, isInteractive) {
-  if (isInteractive && (await insideLich($)) && !(await lichPluginPolls($))) {
+  if (isInteractive && (await insideLich($)) && (await daemonRunsHere($)) && !(await lichPluginPolls($))) {
     // The variables a command hook gets (CLAUDE_PID, CLAUDE_PLUGIN_DATA, ...),
     // which spawn does not set by itself.
     const env = await $.process.hookEnv().catch(() => undefined)
@@ -74,6 +74,16 @@ async function insideLich($) {
   // The token is only looked at, never kept: the daemon reads it from the
   // environment it inherits from the host.
   return Boolean(port && token && session)
+}
+
+// The daemon serves the bridge on a Unix socket and waits on its pipes with
+// select, which it cannot do on Windows yet: there it is not started, and
+// lich-plugin's in-process mod is what lich drives a session through.
+async function daemonRunsHere($) {
+  const info = await $.session.info().catch(() => undefined)
+  if (info?.platform !== 'windows') return true
+  log($, 'lich-control: the daemon does not run on Windows yet (it serves a Unix socket and waits on pipes with select), so nothing is started here; lich-plugin drives lich sessions on Windows (docs/install.md, "Windows")')
+  return false
 }
 
 // lich's own plugin (lich-plugin) carries a client of this same contract in

@@ -569,6 +569,26 @@ describe('next to lich-plugin', () => {
   })
 })
 
+describe('Windows', () => {
+  test('on Windows nothing is started, and one line says so', async ($, on) => {
+    const world = new World(on)
+    world.platform = 'windows'
+    await $.session.start(INTERACTIVE)
+    await world.untilLogged('the daemon does not run on Windows yet')
+    await world.clock.settle()
+    expect(world.setups).toHaveLength(0)
+    expect(world.children).toHaveLength(0)
+    expect(world.logs.filter(line => line.startsWith('lich-control'))).toHaveLength(1)
+  })
+
+  test('under WSL, Linux to the daemon, it starts', async ($, on) => {
+    const world = new World(on)
+    world.platform = 'wsl'
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+  })
+})
+
 const USAGE = { input_tokens: 10, output_tokens: 5, cache_read_input_tokens: 0, cache_creation_input_tokens: 0 }
 
 // Settings that give the plugin, by the key they name it with, a python option.

@@ -95,6 +95,8 @@ export class World {
   installed: string | undefined
   // Other files $.fs reads, by path, as text.
   files: Record<string, string> = {}
+  // What $.session.info answers of the platform.
+  platform: string = 'linux'
   // Unless held, each setup run answers at once that the environment is ready.
   holdSetup = false
   // The next post to this path is held until `release()`; later ones pass.
@@ -131,6 +133,7 @@ export class World {
       return { deny: `ENOENT: no such file, ${e.path}` }
     })
     on('fs.exists', ($, e) => ({ value: e.path in this.files }))
+    on('session.info', () => ({ value: { platform: this.platform as any, isHosted: false } }))
     const world = this
     on('process.spawn', async function* ($, e) {
       if (String(e.argv[1]).endsWith(SETUP)) {
