@@ -20,7 +20,8 @@ its result on stdout as one JSON line:
 and exits 0 when the environment is ready, 1 when it is not. A failure is
 remembered: for an hour the next runs answer it again without trying
 (--retry tries at once). Two runs at once take turns under a lock, so the
-second finds what the first built.
+second finds what the first built. A run that is ended mid-build (its session
+ended) ends its venv and pip with it, and the next build clears what it left.
 
 The bin/ tools import it too (`reexec`), to run in the daemon's interpreter.
 Standard library only, and syntax an old python3 still reads, so that one
@@ -35,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +46,14 @@ try:
     import fcntl
 except ImportError:  # not a POSIX system
     fcntl = None
+
+try:  # Linux's prctl, for a child's death signal
+    import ctypes
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _prctl = getattr(_libc, "prctl", None)
+except (ImportError, OSError):
+    _prctl = None
+PR_SET_PDEATHSIG = 1
 
 # Where the relay puts the chosen interpreter for the session's own commands
 # (bin/ on its PATH), and the guard that stops a tool re-running itself twice.
@@ -131,6 +141,7 @@ class Runtime:
         self.say = say
         self.now = now
         self.python = python
+        self.lock = None  # held while this run builds: its children hold it too
 
     def path(self, *names):
         return os.path.join(self.data, *names)
@@ -152,6 +163,7 @@ class Runtime:
             return python, False
         os.makedirs(self.data, exist_ok=True)
         with self.locked() as lock:
+            self.lock = lock
             python = self.ready(key) if lock.waited else None  # what the run we waited for built
             if python:
                 self.point_at(key, python)
@@ -187,7 +199,11 @@ class Runtime:
     def build(self, key):
         self.check_python()
         env = self.env_dir(key)
-        if os.path.exists(env):  # a build cut short: no stamp
+        # What a build cut short left: the lock, which its children held while
+        # they lived, says nothing of it writes there any more.
+        for scratch in glob.glob(self.path("build-*")):
+            shutil.rmtree(scratch, ignore_errors=True)
+        if os.path.exists(env):  # no stamp
             shutil.rmtree(env)
         self.say("creating a virtual environment in {} with {} ({})".format(env, self.python, version_text()))
         self.create_venv(env)
@@ -208,20 +224,26 @@ class Runtime:
                 self.python, version_text(), needed[0], needed[1]))
 
     def create_venv(self, env):
-        result = subprocess.run([self.python, "-m", "venv", env], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, universal_newlines=True, env=child_env())
-        if result.returncode == 0:
-            return
-        output = result.stdout or ""
-        if "No module named venv" in output:
-            raise SetupFailed("{} has no venv module (on Debian and Ubuntu: apt install python3-venv)".format(self.python))
-        if "ensurepip" in output:
-            raise SetupFailed("{} cannot give a virtual environment pip: its ensurepip module is missing "
-                              "(on Debian and Ubuntu: apt install python3-venv)".format(self.python))
-        raise SetupFailed("{} -m venv failed: {}".format(self.python, last_line(output)))
+        # pip goes in as a step of its own, as venv would add it, so that each
+        # process that writes the environment is a child of this one (run_child).
+        for argv in ([self.python, "-m", "venv", "--without-pip", env],
+                     [env_python(env), "-m", "ensurepip", "--upgrade", "--default-pip"]):
+            with tempfile.TemporaryFile("w+", encoding="utf-8") as output:
+                code = self.run_step(argv, stdout=output)
+                output.seek(0)
+                text = output.read()
+            if code == 0:
+                continue
+            if "No module named venv" in text:
+                raise SetupFailed("{} has no venv module (on Debian and Ubuntu: apt install python3-venv)".format(self.python))
+            if "ensurepip" in text:
+                raise SetupFailed("{} cannot give a virtual environment pip: its ensurepip module is missing "
+                                  "(on Debian and Ubuntu: apt install python3-venv)".format(self.python))
+            raise SetupFailed("{} -m venv failed: {}".format(self.python, last_line(text)))
 
     def install(self, python):
-        with tempfile.TemporaryDirectory(prefix="build-", dir=self.data) as scratch:
+        scratch = tempfile.mkdtemp(prefix="build-", dir=self.data)
+        try:
             # A copy, so that building writes nothing into the plugin's folder,
             # which may be read-only or a person's checkout.
             source = os.path.join(scratch, "lich-control")
@@ -230,13 +252,20 @@ class Runtime:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 shutil.copyfile(os.path.join(self.plugin.root, name), target)
             with open(self.path(LOG), "w", encoding="utf-8") as log:
-                result = subprocess.run(
+                code = self.run_step(
                     [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
                      "--progress-bar", "off", source],
-                    stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=scratch)
-        if result.returncode != 0:
+                    stdout=log, cwd=scratch)
+        finally:
+            # A process of pip's own still writing here keeps a file or two;
+            # the next build clears what is left.
+            shutil.rmtree(scratch, ignore_errors=True)
+        if code != 0:
             raise SetupFailed("pip could not install lich-control into {}: {} (pip's output: {})".format(
                 os.path.dirname(os.path.dirname(python)), pip_problem(self.path(LOG)), self.path(LOG)))
+
+    def run_step(self, argv, **kwargs):
+        return run_child(argv, hold=None if self.lock is None else self.lock.file.fileno(), **kwargs)
 
     def runs_daemon(self, python):
         return imports_daemon(python)
@@ -307,6 +336,61 @@ class _Lock:
     def __exit__(self, *exc):
         fcntl.flock(self.file, fcntl.LOCK_UN)
         self.file.close()
+
+
+# --- the build's children ----------------------------------------------------
+
+# The process groups of the children running now, which a signal that ends
+# the setup ends too. Only the main thread touches it (the setup has no other).
+_running = set()
+
+
+def run_child(argv, hold=None, **kwargs):
+    """Runs one step of a build (venv, pip) to its end, its output to stdout=;
+    its exit code. The child ends with the setup: it leads a process group of
+    its own, which a signal that ends the setup kills whole (end_with_signals);
+    on Linux the kernel kills it too when the setup dies any other way; and it
+    holds the descriptor `hold` (the setup's lock) while it lives, so a build
+    that outlives its setup still holds the lock, and the next build waits for
+    it instead of removing what it writes into."""
+    parent = os.getpid()
+
+    def in_the_child():
+        if _prctl is not None:
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the setup died before the signal was set
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    child = subprocess.Popen(argv, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True,
+                             preexec_fn=in_the_child, pass_fds=() if hold is None else (hold,), **kwargs)
+    _running.add(child.pid)
+    try:
+        if hasattr(os, "waitid"):
+            # Ended but not yet reaped, its id is still its group's and no
+            # other's: what it left running goes with it.
+            os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+            kill_group(child.pid)
+        return child.wait()
+    finally:
+        _running.discard(child.pid)
+
+
+def kill_group(group):
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def end_with_signals():
+    """A signal that ends the setup (the session that ran it ended) ends its children too."""
+    def ended(signum, frame):
+        for group in list(_running):
+            kill_group(group)
+        sys.exit(128 + signum)
+
+    for name in ("SIGTERM", "SIGHUP", "SIGINT"):
+        signal.signal(getattr(signal, name), ended)
 
 
 def built_at(env):
@@ -494,6 +578,7 @@ def main(argv=None):
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
 
+    end_with_signals()
     runtime = Runtime(data, Plugin(PLUGIN_ROOT), say)
     try:
         python, built = runtime.ensure(retry=args.retry)

@@ -8,8 +8,11 @@ has no lich_control and a plugin folder that asks for more than it has.
 import importlib.util
 import json
 import os
+import fcntl
 import resource
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -238,6 +241,121 @@ def test_pips_output_is_told_in_a_phrase(tmp_path, output, problem):
     log = tmp_path / "setup.log"
     log.write_text(output)
     assert runtime.pip_problem(str(log)) == problem
+
+
+def test_the_next_build_clears_what_a_build_cut_short_left(plugin, data):
+    scratch = os.path.join(data, "build-k3j2h1", "lich-control")
+    os.makedirs(scratch)
+    write(os.path.join(scratch, "setup.cfg"), "")
+    env = os.path.join(data, "env-" + plugin.key())
+    os.makedirs(os.path.join(env, "lib"))
+    write(os.path.join(env, "lib", "half-installed"), "")
+    setup = StandIn(data, plugin)
+    python, built = setup.ensure()
+    assert built is True
+    assert sorted(os.listdir(data)) == sorted(["env-" + plugin.key(), runtime.CURRENT, runtime.LOCK])
+    assert sorted(os.listdir(env)) == ["bin", runtime.STAMP]
+
+
+# --- the build's children, when the setup ends mid-way -----------------------
+
+# A setup in a process of its own, at one step of a build: the step starts a
+# process of its own too, says both ids, and waits.
+SETUP_AT_A_STEP = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("lich_runtime", sys.argv[1])
+runtime = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runtime)
+runtime.end_with_signals()
+if sys.argv[3] == "no-death-signal":
+    runtime._prctl = None
+with runtime._Lock(sys.argv[2], print) as lock:
+    runtime.run_child([sys.executable, "-c", sys.argv[4]], hold=lock.file.fileno())
+"""
+STEP = """
+import os, subprocess, sys, time
+started = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(os.getpid(), started.pid, flush=True)
+time.sleep(600)
+"""
+
+
+class SetupAtAStep:
+    def __init__(self, data, death_signal=True):
+        os.makedirs(data, exist_ok=True)
+        self.lock = os.path.join(data, runtime.LOCK)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", SETUP_AT_A_STEP, SCRIPT, self.lock, "death-signal" if death_signal else "no-death-signal", STEP],
+            stdout=subprocess.PIPE, universal_newlines=True)
+        self.step, self.started = map(int, self.process.stdout.readline().split())
+
+    def end(self, signum):
+        self.process.send_signal(signum)
+        assert self.process.wait(30) == (-signum if signum == signal.SIGKILL else 128 + signum)
+
+    def close(self):
+        for pid in (self.step, self.started):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.stdout.close()
+
+
+def ends(pid, timeout=30):
+    """Whether the process `pid` (not ours to wait for) ends within `timeout` seconds."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def lock_is_free(path):
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_that_ends_the_setup_ends_its_build_step_and_what_the_step_started(data, signum):
+    setup = SetupAtAStep(data)
+    try:
+        setup.end(signum)
+        assert ends(setup.step) and ends(setup.started)
+        assert lock_is_free(setup.lock)
+    finally:
+        setup.close()
+
+
+@pytest.mark.skipif(runtime._prctl is None, reason="a child's death signal is Linux's (prctl)")
+def test_a_setup_killed_outright_takes_its_build_step_with_it(data):
+    setup = SetupAtAStep(data)
+    try:
+        setup.end(signal.SIGKILL)
+        assert ends(setup.step)
+    finally:
+        setup.close()
+
+
+def test_a_build_step_that_outlives_its_setup_holds_the_lock_until_it_ends(data):
+    # As on macOS, with no death signal: the next build must wait, not remove what it writes into.
+    setup = SetupAtAStep(data, death_signal=False)
+    try:
+        setup.end(signal.SIGKILL)
+        assert not lock_is_free(setup.lock)
+        os.kill(setup.step, signal.SIGKILL)
+        assert ends(setup.step)
+        assert lock_is_free(setup.lock)
+    finally:
+        setup.close()
 
 
 # --- the program, as a relay runs it -------------------------------------------
