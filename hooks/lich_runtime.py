@@ -20,7 +20,8 @@ its result on stdout as one JSON line:
 and exits 0 when the environment is ready, 1 when it is not. A failure is
 remembered: for an hour the next runs answer it again without trying
 (--retry tries at once). Two runs at once take turns under a lock, so the
-second finds what the first built.
+second finds what the first built. A run that is ended mid-build (its session
+ended) ends its venv and pip with it, and the next build clears what it left.
 
 The bin/ tools import it too (`reexec`), to run in the daemon's interpreter.
 Standard library only, and syntax an old python3 still reads, so that one
@@ -30,10 +31,12 @@ import argparse
 import configparser
 import glob
 import hashlib
+import importlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,10 +47,20 @@ try:
 except ImportError:  # not a POSIX system
     fcntl = None
 
+try:  # Linux's prctl, for a child's death signal
+    import ctypes
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _prctl = getattr(_libc, "prctl", None)
+except (ImportError, OSError):
+    _prctl = None
+PR_SET_PDEATHSIG = 1
+
 # Where the relay puts the chosen interpreter for the session's own commands
 # (bin/ on its PATH), and the guard that stops a tool re-running itself twice.
 PYTHON_VARIABLE = "LICH_CONTROL_PYTHON"
 REEXEC_GUARD = "LICH_CONTROL_REEXECUTED"
+# What lich sets in a session it started; the daemon needs all three.
+LICH_VARIABLES = ("LICH_PORT", "LICH_TOKEN", "LICH_SESSION_ID")
 RETRY_AFTER_SECONDS = 3600
 KEPT_ENVIRONMENTS = 2
 STAMP = "lich-control-env.json"
@@ -128,6 +141,7 @@ class Runtime:
         self.say = say
         self.now = now
         self.python = python
+        self.lock = None  # held while this run builds: its children hold it too
 
     def path(self, *names):
         return os.path.join(self.data, *names)
@@ -141,9 +155,16 @@ class Runtime:
         Raises SetupFailed with the line to log when there is none.
         """
         key = self.plugin.key()
+        # A ready environment takes no lock and writes nothing that has not
+        # changed, so a full or read-only data folder keeps it usable.
+        python = self.ready(key)
+        if python:
+            self.point_at(key, python)
+            return python, False
         os.makedirs(self.data, exist_ok=True)
-        with self.locked():
-            python = self.ready(key)
+        with self.locked() as lock:
+            self.lock = lock
+            python = self.ready(key) if lock.waited else None  # what the run we waited for built
             if python:
                 self.point_at(key, python)
                 return python, False
@@ -167,12 +188,8 @@ class Runtime:
         """The environment's interpreter when it was built whole for `key` and still runs."""
         env = self.env_dir(key)
         python = env_python(env)
-        try:
-            with open(os.path.join(env, STAMP), encoding="utf-8") as f:
-                stamp = json.load(f)
-        except (OSError, ValueError):
-            return None
-        if stamp.get("key") != key or not os.path.exists(python):
+        stamp = read_json(os.path.join(env, STAMP))
+        if not isinstance(stamp, dict) or stamp.get("key") != key or not os.path.exists(python):
             return None
         if not self.runs_daemon(python):
             self.say("the environment in {} no longer runs the daemon; building it again".format(env))
@@ -182,7 +199,11 @@ class Runtime:
     def build(self, key):
         self.check_python()
         env = self.env_dir(key)
-        if os.path.exists(env):  # a build cut short: no stamp
+        # What a build cut short left: the lock, which its children held while
+        # they lived, says nothing of it writes there any more.
+        for scratch in glob.glob(self.path("build-*")):
+            shutil.rmtree(scratch, ignore_errors=True)
+        if os.path.exists(env):  # no stamp
             shutil.rmtree(env)
         self.say("creating a virtual environment in {} with {} ({})".format(env, self.python, version_text()))
         self.create_venv(env)
@@ -203,20 +224,26 @@ class Runtime:
                 self.python, version_text(), needed[0], needed[1]))
 
     def create_venv(self, env):
-        result = subprocess.run([self.python, "-m", "venv", env], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, universal_newlines=True, env=child_env())
-        if result.returncode == 0:
-            return
-        output = result.stdout or ""
-        if "No module named venv" in output:
-            raise SetupFailed("{} has no venv module (on Debian and Ubuntu: apt install python3-venv)".format(self.python))
-        if "ensurepip" in output:
-            raise SetupFailed("{} cannot give a virtual environment pip: its ensurepip module is missing "
-                              "(on Debian and Ubuntu: apt install python3-venv)".format(self.python))
-        raise SetupFailed("{} -m venv failed: {}".format(self.python, last_line(output)))
+        # pip goes in as a step of its own, as venv would add it, so that each
+        # process that writes the environment is a child of this one (run_child).
+        for argv in ([self.python, "-m", "venv", "--without-pip", env],
+                     [env_python(env), "-m", "ensurepip", "--upgrade", "--default-pip"]):
+            with tempfile.TemporaryFile("w+", encoding="utf-8") as output:
+                code = self.run_step(argv, stdout=output)
+                output.seek(0)
+                text = output.read()
+            if code == 0:
+                continue
+            if "No module named venv" in text:
+                raise SetupFailed("{} has no venv module (on Debian and Ubuntu: apt install python3-venv)".format(self.python))
+            if "ensurepip" in text:
+                raise SetupFailed("{} cannot give a virtual environment pip: its ensurepip module is missing "
+                                  "(on Debian and Ubuntu: apt install python3-venv)".format(self.python))
+            raise SetupFailed("{} -m venv failed: {}".format(self.python, last_line(text)))
 
     def install(self, python):
-        with tempfile.TemporaryDirectory(prefix="build-", dir=self.data) as scratch:
+        scratch = tempfile.mkdtemp(prefix="build-", dir=self.data)
+        try:
             # A copy, so that building writes nothing into the plugin's folder,
             # which may be read-only or a person's checkout.
             source = os.path.join(scratch, "lich-control")
@@ -225,20 +252,38 @@ class Runtime:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 shutil.copyfile(os.path.join(self.plugin.root, name), target)
             with open(self.path(LOG), "w", encoding="utf-8") as log:
-                result = subprocess.run(
+                code = self.run_step(
                     [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
                      "--progress-bar", "off", source],
-                    stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=scratch)
-        if result.returncode != 0:
+                    stdout=log, cwd=scratch)
+        finally:
+            # A process of pip's own still writing here keeps a file or two;
+            # the next build clears what is left.
+            shutil.rmtree(scratch, ignore_errors=True)
+        if code != 0:
             raise SetupFailed("pip could not install lich-control into {}: {} (pip's output: {})".format(
                 os.path.dirname(os.path.dirname(python)), pip_problem(self.path(LOG)), self.path(LOG)))
+
+    def run_step(self, argv, **kwargs):
+        return run_child(argv, hold=None if self.lock is None else self.lock.file.fileno(), **kwargs)
 
     def runs_daemon(self, python):
         return imports_daemon(python)
 
     def point_at(self, key, python):
-        """Records the ready interpreter where the bin/ tools and other relays look."""
-        write_json(self.path(CURRENT), {"python": python, "key": key, "root": self.plugin.root})
+        """Records the ready interpreter where the bin/ tools and other relays look.
+
+        Only a record that changed is written; one the folder cannot take costs
+        the tools their way to it, never the environment itself.
+        """
+        record = {"python": python, "key": key, "root": self.plugin.root}
+        if read_json(self.path(CURRENT)) == record:
+            return
+        try:
+            write_json(self.path(CURRENT), record)
+        except OSError as error:
+            self.say("could not record the environment in {} ({}); the bin/ tools may not find it".format(
+                self.path(CURRENT), error.strerror))
 
     def prune(self, keep):
         """Keeps the new environment and the one before it, which a daemon of an
@@ -250,12 +295,8 @@ class Runtime:
             shutil.rmtree(env, ignore_errors=True)
 
     def remembered_failure(self, key):
-        try:
-            with open(self.path(FAILURE), encoding="utf-8") as f:
-                failure = json.load(f)
-        except (OSError, ValueError):
-            return None
-        if failure.get("key") != key:  # a new release deserves a new try
+        failure = read_json(self.path(FAILURE))
+        if not isinstance(failure, dict) or failure.get("key") != key:  # a new release deserves a new try
             return None
         again = failure.get("at", 0) + RETRY_AFTER_SECONDS
         if self.now() >= again:
@@ -283,16 +324,73 @@ class _Lock:
         if fcntl is None:
             raise SetupFailed("this setup needs a POSIX system (Linux or macOS)")
         self.file = open(self.path, "a")
+        self.waited = False
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.say("another session is setting the environment up; waiting for it")
             fcntl.flock(self.file, fcntl.LOCK_EX)
+            self.waited = True
         return self
 
     def __exit__(self, *exc):
         fcntl.flock(self.file, fcntl.LOCK_UN)
         self.file.close()
+
+
+# --- the build's children ----------------------------------------------------
+
+# The process groups of the children running now, which a signal that ends
+# the setup ends too. Only the main thread touches it (the setup has no other).
+_running = set()
+
+
+def run_child(argv, hold=None, **kwargs):
+    """Runs one step of a build (venv, pip) to its end, its output to stdout=;
+    its exit code. The child ends with the setup: it leads a process group of
+    its own, which a signal that ends the setup kills whole (end_with_signals);
+    on Linux the kernel kills it too when the setup dies any other way; and it
+    holds the descriptor `hold` (the setup's lock) while it lives, so a build
+    that outlives its setup still holds the lock, and the next build waits for
+    it instead of removing what it writes into."""
+    parent = os.getpid()
+
+    def in_the_child():
+        if _prctl is not None:
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the setup died before the signal was set
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    child = subprocess.Popen(argv, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True,
+                             preexec_fn=in_the_child, pass_fds=() if hold is None else (hold,), **kwargs)
+    _running.add(child.pid)
+    try:
+        if hasattr(os, "waitid"):
+            # Ended but not yet reaped, its id is still its group's and no
+            # other's: what it left running goes with it.
+            os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+            kill_group(child.pid)
+        return child.wait()
+    finally:
+        _running.discard(child.pid)
+
+
+def kill_group(group):
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def end_with_signals():
+    """A signal that ends the setup (the session that ran it ended) ends its children too."""
+    def ended(signum, frame):
+        for group in list(_running):
+            kill_group(group)
+        sys.exit(128 + signum)
+
+    for name in ("SIGTERM", "SIGHUP", "SIGINT"):
+        signal.signal(getattr(signal, name), ended)
 
 
 def built_at(env):
@@ -353,12 +451,29 @@ def clock(seconds):
     return time.strftime("%H:%M", time.localtime(seconds))
 
 
+def read_json(path):
+    """The document in `path`; None when there is none to read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def write_json(path, document):
-    """Whole or not at all: a reader never sees half a file."""
+    """Whole or not at all: a reader never sees half a file, and a write that
+    fails (a full disk) leaves no temporary behind."""
     temporary = "{}.{}.tmp".format(path, os.getpid())
-    with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(document, f)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(document, f)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.remove(temporary)
+        except OSError:
+            pass
+        raise
 
 
 def failure_line(problem, data=None):
@@ -384,14 +499,18 @@ def chosen_python(environ=os.environ):
     return private_python(environ)
 
 
+def data_folders(environ=os.environ):
+    """This plugin's data folders: the one Claude Code named, else every one it keeps."""
+    if environ.get("CLAUDE_PLUGIN_DATA"):
+        return [environ["CLAUDE_PLUGIN_DATA"]]
+    config = environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".claude")
+    return sorted(glob.glob(os.path.join(config, "plugins", "data", "lich-control-*")))
+
+
 def private_python(environ=os.environ):
     """The ready interpreter recorded in a data folder of this plugin, this
     folder's own first, then the newest."""
-    if environ.get("CLAUDE_PLUGIN_DATA"):
-        folders = [environ["CLAUDE_PLUGIN_DATA"]]
-    else:
-        config = environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".claude")
-        folders = glob.glob(os.path.join(config, "plugins", "data", "lich-control-*"))
+    folders = data_folders(environ)
     found = []
     for folder in folders:
         try:
@@ -404,6 +523,29 @@ def private_python(environ=os.environ):
         if python and os.path.exists(python):
             found.append((current.get("root") == PLUGIN_ROOT, mtime, python))
     return max(found)[2] if found else None
+
+
+def inside_lich(environ=os.environ):
+    """Whether lich started this session: each of its variables set. Read
+    before anything that needs the environment, which outside lich is never built."""
+    return all(environ.get(name) for name in LICH_VARIABLES)
+
+
+def entry_point(tool, module):
+    """`module`'s main; with the package's dependencies missing (no environment
+    built yet), the tool ends here with the one line that says what to do."""
+    try:
+        return importlib.import_module(module).main
+    except ModuleNotFoundError as missing:
+        if (missing.name or "").split(".")[0] == "lich_control":
+            raise  # the plugin's own files: not a missing environment
+        folders = data_folders()
+        data = folders[0] if folders else "<the plugin's data folder, ~/.claude/plugins/data/lich-control-…>"
+        sys.stderr.write(
+            "{}: lich-control's Python environment is not built yet (no {} here); a session inside lich builds it "
+            "as it starts, or build it now with python3 {} --data {}, or install lich-control into a Python of "
+            "your own (docs/install.md)\n".format(tool, missing.name, os.path.join(HERE, "lich_runtime.py"), data))
+        sys.exit(1)
 
 
 def reexec(script, argv=None):
@@ -436,6 +578,7 @@ def main(argv=None):
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
 
+    end_with_signals()
     runtime = Runtime(data, Plugin(PLUGIN_ROOT), say)
     try:
         python, built = runtime.ensure(retry=args.retry)

@@ -9,9 +9,8 @@ import { Bridge, describe, messageOf, setupResult } from './bridge.js'
 // Builds the daemon's private Python environment and names its interpreter
 // (the script's own docstring has the protocol); run with the system's python3.
 const SETUP = 'hooks/lich_runtime.py'
-// lich's own plugin polls lich for its session itself from this release on.
+// lich's own plugin, by the name it installs under (lich@<marketplace>).
 const LICH_PLUGIN = 'lich'
-const LICH_PLUGIN_POLLS_SINCE = [0, 15, 0]
 
 // One decision per loaded module, however often session.start fires.
 let claimed = false
@@ -50,7 +49,7 @@ export function register(on) {
 // Runs off the hook's back: the session goes on, turns included, while an
 // environment is built, and the daemon starts when it is ready.
 async function supervise($, isInteractive) {
-  if (isInteractive && (await insideLich($)) && !(await lichPluginPolls($))) {
+  if (isInteractive && (await insideLich($)) && (await daemonRunsHere($)) && !(await lichPluginPolls($))) {
     // The variables a command hook gets (CLAUDE_PID, CLAUDE_PLUGIN_DATA, ...),
     // which spawn does not set by itself.
     const env = await $.process.hookEnv().catch(() => undefined)
@@ -77,50 +76,77 @@ async function insideLich($) {
   return Boolean(port && token && session)
 }
 
-// lich's own plugin (lich-plugin) carries a client of this same contract from
-// 0.15 on. Two clients would poll lich for one session and split its commands
-// between them, so where the loaded plugins show one, this one stands down.
-// It is found as lich installs it (enabledPlugins, then the install record
-// for its version); one loaded from a folder (--plugin-dir) is not seen.
+// The daemon serves the bridge on a Unix socket and waits on its pipes with
+// select, which it cannot do on Windows yet: there it is not started, and
+// lich-plugin's in-process mod is what lich drives a session through.
+async function daemonRunsHere($) {
+  const info = await $.session.info().catch(() => undefined)
+  if (info?.platform !== 'windows') return true
+  log($, 'lich-control: the daemon does not run on Windows yet (it serves a Unix socket and waits on pipes with select), so nothing is started here; lich-plugin drives lich sessions on Windows (docs/install.md, "Windows")')
+  return false
+}
+
+// lich's own plugin (lich-plugin) carries a client of this same contract in
+// its mod, which polls lich for the session from the first release that has
+// one (0.14.0; a 0.13.2 development build already did). Two clients would
+// split the session's commands between them, so where an enabled lich-plugin
+// registers a mod, this one stands down. What its installed files register
+// decides, not its version: its hooks/hooks.json names the mod under
+// `modules` (hooks/mod-control.js, later hooks/lich.js, which loads it).
+// It is found as lich installs it (enabledPlugins, then the install record);
+// one loaded from a folder (--plugin-dir) is not seen.
 async function lichPluginPolls($) {
   const enabled = await $.settings.read({ key: 'enabledPlugins' }).catch(() => undefined)
   const ids = Object.keys(enabled ?? {}).filter(id => id.startsWith(`${LICH_PLUGIN}@`) && enabled[id] === true)
   if (ids.length === 0) return false
-  const versions = await installedVersions($)
+  const installs = await installPaths($)
   for (const id of ids) {
-    const version = versions[id]
-    if (version === undefined) {
-      log($, `lich-control: ${id} is enabled too, and its version could not be read; from 0.15.0 on it polls lich for this session itself, and two clients split lich's commands between them (docs/install.md, "Next to lich-plugin")`)
-    } else if (atLeast(version, LICH_PLUGIN_POLLS_SINCE)) {
-      log($, `lich-control: ${id} ${version} polls lich for this session itself; lich-control starts no daemon here, so the two do not split lich's commands (docs/install.md, "Next to lich-plugin")`)
-      return true
+    for (const root of installs[id] ?? [undefined]) {
+      const mod = root === undefined ? undefined : await registeredMod($, root)
+      if (mod === undefined) {
+        log($, `lich-control: ${id} is enabled too, and what it registers could not be read; a lich-plugin with a mod polls lich for this session itself, and two clients split lich's commands between them (docs/install.md, "Next to lich-plugin")`)
+      } else if (mod !== null) {
+        log($, `lich-control: ${id} registers a mod (${mod}) that polls lich for this session itself; lich-control starts no daemon here, so the two do not split lich's commands (docs/install.md, "Next to lich-plugin")`)
+        return true
+      }
     }
   }
   return false
 }
 
-// Each installed plugin's version, from Claude Code's install record; {}
-// when it cannot be read.
-async function installedVersions($) {
+// Where each installed plugin's files are, from Claude Code's install
+// record; {} when it cannot be read.
+async function installPaths($) {
   try {
     const configDir = (await $.env.get('CLAUDE_CONFIG_DIR')) || `${await $.env.get('HOME')}/.claude`
     const record = JSON.parse(await $.fs.read(`${configDir}/plugins/installed_plugins.json`))
-    const versions = {}
+    const paths = {}
     for (const [id, installs] of Object.entries(record?.plugins ?? {})) {
-      const version = Array.isArray(installs) ? installs.find(install => install?.version)?.version : undefined
-      if (typeof version === 'string') versions[id] = version
+      const found = Array.isArray(installs) ? installs.map(install => install?.installPath).filter(path => typeof path === 'string') : []
+      if (found.length > 0) paths[id] = found
     }
-    return versions
+    return paths
   } catch {
     return {}
   }
 }
 
-function atLeast(version, [major, minor, patch]) {
-  const parts = /^(\d+)\.(\d+)\.(\d+)/.exec(version)
-  if (!parts) return false
-  const [a, b, c] = parts.slice(1).map(Number)
-  return a !== major ? a > major : b !== minor ? b > minor : c >= patch
+// The mod a plugin's folder registers: the first module its hooks/hooks.json
+// names (relative to that file) that is there to load. Null when it
+// registers none; undefined when hooks.json cannot be read.
+async function registeredMod($, root) {
+  let hooks
+  try {
+    hooks = JSON.parse(await $.fs.read(`${root}/hooks/hooks.json`))
+  } catch {
+    return undefined
+  }
+  for (const entry of Array.isArray(hooks?.modules) ? hooks.modules : []) {
+    if (typeof entry !== 'string') continue
+    const path = `${root}/hooks/${entry.replace(/^\.\//, '')}`
+    if (await $.fs.exists(path).catch(() => false)) return path
+  }
+  return null
 }
 
 // The `python` option, where Claude Code keeps plugin options: `pluginConfigs`

@@ -8,7 +8,11 @@ has no lich_control and a plugin folder that asks for more than it has.
 import importlib.util
 import json
 import os
+import fcntl
+import resource
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -239,6 +243,121 @@ def test_pips_output_is_told_in_a_phrase(tmp_path, output, problem):
     assert runtime.pip_problem(str(log)) == problem
 
 
+def test_the_next_build_clears_what_a_build_cut_short_left(plugin, data):
+    scratch = os.path.join(data, "build-k3j2h1", "lich-control")
+    os.makedirs(scratch)
+    write(os.path.join(scratch, "setup.cfg"), "")
+    env = os.path.join(data, "env-" + plugin.key())
+    os.makedirs(os.path.join(env, "lib"))
+    write(os.path.join(env, "lib", "half-installed"), "")
+    setup = StandIn(data, plugin)
+    python, built = setup.ensure()
+    assert built is True
+    assert sorted(os.listdir(data)) == sorted(["env-" + plugin.key(), runtime.CURRENT, runtime.LOCK])
+    assert sorted(os.listdir(env)) == ["bin", runtime.STAMP]
+
+
+# --- the build's children, when the setup ends mid-way -----------------------
+
+# A setup in a process of its own, at one step of a build: the step starts a
+# process of its own too, says both ids, and waits.
+SETUP_AT_A_STEP = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("lich_runtime", sys.argv[1])
+runtime = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runtime)
+runtime.end_with_signals()
+if sys.argv[3] == "no-death-signal":
+    runtime._prctl = None
+with runtime._Lock(sys.argv[2], print) as lock:
+    runtime.run_child([sys.executable, "-c", sys.argv[4]], hold=lock.file.fileno())
+"""
+STEP = """
+import os, subprocess, sys, time
+started = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(os.getpid(), started.pid, flush=True)
+time.sleep(600)
+"""
+
+
+class SetupAtAStep:
+    def __init__(self, data, death_signal=True):
+        os.makedirs(data, exist_ok=True)
+        self.lock = os.path.join(data, runtime.LOCK)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", SETUP_AT_A_STEP, SCRIPT, self.lock, "death-signal" if death_signal else "no-death-signal", STEP],
+            stdout=subprocess.PIPE, universal_newlines=True)
+        self.step, self.started = map(int, self.process.stdout.readline().split())
+
+    def end(self, signum):
+        self.process.send_signal(signum)
+        assert self.process.wait(30) == (-signum if signum == signal.SIGKILL else 128 + signum)
+
+    def close(self):
+        for pid in (self.step, self.started):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.stdout.close()
+
+
+def ends(pid, timeout=30):
+    """Whether the process `pid` (not ours to wait for) ends within `timeout` seconds."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def lock_is_free(path):
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_that_ends_the_setup_ends_its_build_step_and_what_the_step_started(data, signum):
+    setup = SetupAtAStep(data)
+    try:
+        setup.end(signum)
+        assert ends(setup.step) and ends(setup.started)
+        assert lock_is_free(setup.lock)
+    finally:
+        setup.close()
+
+
+@pytest.mark.skipif(runtime._prctl is None, reason="a child's death signal is Linux's (prctl)")
+def test_a_setup_killed_outright_takes_its_build_step_with_it(data):
+    setup = SetupAtAStep(data)
+    try:
+        setup.end(signal.SIGKILL)
+        assert ends(setup.step)
+    finally:
+        setup.close()
+
+
+def test_a_build_step_that_outlives_its_setup_holds_the_lock_until_it_ends(data):
+    # As on macOS, with no death signal: the next build must wait, not remove what it writes into.
+    setup = SetupAtAStep(data, death_signal=False)
+    try:
+        setup.end(signal.SIGKILL)
+        assert not lock_is_free(setup.lock)
+        os.kill(setup.step, signal.SIGKILL)
+        assert ends(setup.step)
+        assert lock_is_free(setup.lock)
+    finally:
+        setup.close()
+
+
 # --- the program, as a relay runs it -------------------------------------------
 
 
@@ -249,9 +368,9 @@ def copy_of_the_script(plugin):
     return script
 
 
-def run_script(script, *args, env=None):
+def run_script(script, *args, env=None, preexec_fn=None):
     result = subprocess.run([sys.executable, script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            universal_newlines=True, env=env, timeout=120)
+                            universal_newlines=True, env=env, timeout=120, preexec_fn=preexec_fn)
     lines = result.stdout.splitlines()
     assert len(lines) == 1, result.stdout + result.stderr
     return result.returncode, json.loads(lines[0]), result.stderr
@@ -283,6 +402,53 @@ def test_the_program_takes_its_data_folder_from_claude_code(tmp_path, data):
     _, result, _ = run_script(script, env=dict(env, CLAUDE_PLUGIN_DATA=data))
     assert "needs 99.0 or later" in result["error"]
     assert os.path.exists(os.path.join(data, runtime.FAILURE))
+
+
+def ready_environment(plugin, data):
+    """What a finished build leaves in `data` for `plugin`, its interpreter a
+    stand-in that imports anything; its path."""
+    env = os.path.join(data, "env-" + plugin.key())
+    os.makedirs(os.path.join(env, "bin"))
+    python = runtime.env_python(env)
+    write(python, "#!/bin/sh\nexit 0\n")
+    os.chmod(python, 0o755)
+    write(os.path.join(env, runtime.STAMP), json.dumps({"key": plugin.key()}))
+    return python
+
+
+def full_disk():
+    """In the child: every write into a file fails (EFBIG past a size limit
+    of 0, as ENOSPC does on a full disk); its pipes still carry its answer."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "not-recorded"])
+def test_a_ready_environment_is_used_from_a_full_data_folder_and_leaves_nothing_behind(tmp_path, data, recorded):
+    plugin = make_plugin(os.path.realpath(str(tmp_path / "plugin")))
+    script = copy_of_the_script(plugin)
+    python = ready_environment(plugin, data)
+    if recorded:  # as the run that built it left it
+        write(os.path.join(data, runtime.CURRENT), json.dumps({"python": python, "key": plugin.key(), "root": plugin.root}))
+    before = sorted(os.listdir(data))
+    code, result, stderr = run_script(script, "--data", data, preexec_fn=full_disk)
+    assert (code, result) == (0, {"ok": True, "python": python, "built": False}), stderr
+    assert sorted(os.listdir(data)) == before  # no lock file, no current.json.<pid>.tmp
+    if not recorded:
+        assert "could not record the environment in {}".format(os.path.join(data, runtime.CURRENT)) in stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder whatever its mode; CI runs the suite again as an unprivileged user")
+def test_a_ready_environment_is_used_from_a_read_only_data_folder(tmp_path, data):
+    plugin = make_plugin(os.path.realpath(str(tmp_path / "plugin")))
+    script = copy_of_the_script(plugin)
+    python = ready_environment(plugin, data)
+    os.chmod(data, 0o555)
+    try:
+        code, result, stderr = run_script(script, "--data", data)
+    finally:
+        os.chmod(data, 0o755)
+    assert (code, result) == (0, {"ok": True, "python": python, "built": False}), stderr
+    assert sorted(os.listdir(data)) == [os.path.basename(os.path.dirname(os.path.dirname(python)))]
 
 
 # --- the bin/ tools ---------------------------------------------------------------
@@ -317,3 +483,39 @@ def test_a_tool_finds_the_private_environment_in_claude_codes_data_folders(tmp_p
     (tmp_path / "a" / "python").unlink()
     assert runtime.private_python(environ) == str(tmp_path / "b" / "python")
     assert runtime.private_python({"CLAUDE_CONFIG_DIR": str(tmp_path / "none")}) is None
+
+
+def bare_tool_env(tmp_path, **lich):
+    """A shell with no environment built anywhere: no interpreter named, no data folder."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("LICH_", "CLAUDE_")) and name != runtime.REEXEC_GUARD}
+    env.update(CLAUDE_CONFIG_DIR=str(tmp_path / "claude"), LICH_CONTROL_RUN_DIR=str(tmp_path / "run"), **lich)
+    return env
+
+
+def run_tool(name, env):
+    # Started by a Python that cannot import attrs (-S), as the system's python3 is.
+    return subprocess.run([sys.executable, "-S", os.path.join(ROOT, "bin", name)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, env=env, timeout=60)
+
+
+LICH = {"LICH_PORT": "4100", "LICH_TOKEN": "secret-token", "LICH_SESSION_ID": "card-1"}
+
+
+@pytest.mark.parametrize("unset", sorted(LICH))
+def test_the_daemon_outside_lich_with_no_environment_exits_0_and_says_nothing(tmp_path, unset):
+    lich = dict(LICH, **{unset: ""})
+    result = run_tool("lich-mod-daemon", bare_tool_env(tmp_path, **lich))
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize("tool", ["lich-mod-daemon", "lich-mod-status"])
+def test_a_tool_with_no_environment_says_in_one_line_what_to_do(tmp_path, tool):
+    result = run_tool(tool, bare_tool_env(tmp_path, **LICH))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(tool + ": lich-control's Python environment is not built yet (no attrs here)")
+    assert "{} --data".format(os.path.join(ROOT, "hooks", "lich_runtime.py")) in lines[0]
+    assert "secret-token" not in result.stderr

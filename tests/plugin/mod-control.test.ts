@@ -507,32 +507,85 @@ describe('the Python environment', () => {
 })
 
 describe('next to lich-plugin', () => {
-  const installed = (version: string) =>
-    JSON.stringify({ version: 2, plugins: { 'lich@lich-plugin': [{ scope: 'user', installPath: '/x', version }] } })
+  const ROOT = '/home/me/.claude/plugins/cache/lich-plugin/lich'
+  const installed = (root: string) =>
+    JSON.stringify({ version: 2, plugins: { 'lich@lich-plugin': [{ scope: 'user', installPath: root, version: root.split('/').pop() }] } })
+  const enabled = (on: boolean) => ({ user: { enabledPlugins: { 'lich@lich-plugin': on, 'lich-control@lich-control': true } } })
+  // lich-plugin's folder as a release installs it: its hooks/hooks.json, with
+  // `modules` when the release has a mod, and the files that are there.
+  const release = (world: World, version: string, modules: string[] | undefined, files: string[] = []) => {
+    const root = `${ROOT}/${version}`
+    world.installed = installed(root)
+    const hooks = { ...(modules && { modules }), hooks: { Stop: [{ hooks: [{ type: 'command', command: '${CLAUDE_PLUGIN_ROOT}/hooks/report-state.sh done' }] }] } }
+    world.files[`${root}/hooks/hooks.json`] = JSON.stringify(hooks)
+    for (const file of files) world.files[`${root}/hooks/${file}`] = '// its mod\n'
+    return root
+  }
 
-  test('lich-plugin 0.15 or later, enabled: it polls for the session, so no daemon starts, and the log says why', async ($, on) => {
+  for (const [version, module] of [
+    ['0.14.0', 'mod-control.js'],
+    ['0.20.0', 'lich.js'],
+  ] as const) {
+    test(`lich-plugin ${version} registers its mod (${module}): it polls for the session, so no daemon starts, and the log says why`, async ($, on) => {
+      const world = new World(on)
+      world.settings = enabled(true)
+      const root = release(world, version, [`./${module}`], [module, 'report-state.sh'])
+      await $.session.start(INTERACTIVE)
+      await world.untilLogged(`lich@lich-plugin registers a mod (${root}/hooks/${module}) that polls lich for this session itself`)
+      await world.clock.settle()
+      expect(world.setups).toHaveLength(0)
+      expect(world.children).toHaveLength(0)
+    })
+  }
+
+  test('a lich-plugin that registers no mod (0.13) has no client of its own: the daemon starts', async ($, on) => {
     const world = new World(on)
-    world.settings.user = { enabledPlugins: { 'lich@lich-plugin': true, 'lich-control@lich-control': true } }
-    world.installed = installed('0.16.0')
+    world.settings = enabled(true)
+    release(world, '0.13.1', undefined, ['report-state.sh'])
     await $.session.start(INTERACTIVE)
-    await world.untilLogged('lich@lich-plugin 0.16.0 polls lich for this session itself')
-    await world.clock.settle()
-    expect(world.setups).toHaveLength(0)
-    expect(world.children).toHaveLength(0)
-  })
-
-  test('an older lich-plugin has no client of its own: the daemon starts', async ($, on) => {
-    const world = await spawnedWith($, on, { user: { enabledPlugins: { 'lich@lich-plugin': true } } }, installed('0.14.2'))
+    await world.untilSpawned(1)
     expect(world.logs.some(line => line.includes('lich@lich-plugin'))).toBe(false)
   })
 
-  test('lich-plugin disabled: the daemon starts', async ($, on) => {
-    await spawnedWith($, on, { user: { enabledPlugins: { 'lich@lich-plugin': false } } }, installed('0.16.0'))
+  test('a mod its hooks.json names but its folder lacks cannot load: the daemon starts', async ($, on) => {
+    const world = new World(on)
+    world.settings = enabled(true)
+    release(world, '0.14.0', ['./mod-control.js'], ['report-state.sh'])
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
   })
 
-  test('lich-plugin enabled, its version unknown: said plainly, and the daemon starts', async ($, on) => {
-    const world = await spawnedWith($, on, { user: { enabledPlugins: { 'lich@lich-plugin': true } } })
-    expect(world.logs.find(line => line.includes('lich@lich-plugin'))).toContain('its version could not be read')
+  test('lich-plugin disabled: the daemon starts', async ($, on) => {
+    const world = new World(on)
+    world.settings = enabled(false)
+    release(world, '0.14.0', ['./mod-control.js'], ['mod-control.js'])
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+  })
+
+  test('lich-plugin enabled, its install unknown: said plainly, and the daemon starts', async ($, on) => {
+    const world = await spawnedWith($, on, enabled(true))
+    expect(world.logs.find(line => line.includes('lich@lich-plugin'))).toContain('what it registers could not be read')
+  })
+})
+
+describe('Windows', () => {
+  test('on Windows nothing is started, and one line says so', async ($, on) => {
+    const world = new World(on)
+    world.platform = 'windows'
+    await $.session.start(INTERACTIVE)
+    await world.untilLogged('the daemon does not run on Windows yet')
+    await world.clock.settle()
+    expect(world.setups).toHaveLength(0)
+    expect(world.children).toHaveLength(0)
+    expect(world.logs.filter(line => line.startsWith('lich-control'))).toHaveLength(1)
+  })
+
+  test('under WSL, Linux to the daemon, it starts', async ($, on) => {
+    const world = new World(on)
+    world.platform = 'wsl'
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
   })
 })
 

@@ -167,6 +167,8 @@ class FakeSession extends EventEmitter {
         },
       },
       ui: { log: text => session.logs.push(text) },
+      // Where Claude Code would say it runs: this machine, in its words.
+      session: { info: async () => ({ platform: { win32: 'windows', darwin: 'macos' }[process.platform] ?? 'linux' }) },
       clock: { sleep: ms => new Promise(resolve => setTimeout(resolve, ms).unref()), now: async () => Date.now() },
       process: {
         hookEnv: async () => ({ CLAUDE_PID: String(process.pid), CLAUDE_PLUGIN_ROOT: ROOT }),

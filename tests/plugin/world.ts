@@ -93,6 +93,10 @@ export class World {
   settings: Partial<Record<Source, any>> = {}
   // Claude Code's install record (installed_plugins.json) as text, or none.
   installed: string | undefined
+  // Other files $.fs reads, by path, as text.
+  files: Record<string, string> = {}
+  // What $.session.info answers of the platform.
+  platform: string = 'linux'
   // Unless held, each setup run answers at once that the environment is ready.
   holdSetup = false
   // The next post to this path is held until `release()`; later ones pass.
@@ -125,8 +129,11 @@ export class World {
     on('settings.read', ($, e) => ({ value: e.source ? (this.settings[e.source] ?? {}) : this.merged() }))
     on('fs.read', ($, e) => {
       if (this.installed !== undefined && e.path.endsWith('/plugins/installed_plugins.json')) return { value: this.installed }
+      if (e.path in this.files) return { value: this.files[e.path] }
       return { deny: `ENOENT: no such file, ${e.path}` }
     })
+    on('fs.exists', ($, e) => ({ value: e.path in this.files }))
+    on('session.info', () => ({ value: { platform: this.platform as any, isHosted: false } }))
     const world = this
     on('process.spawn', async function* ($, e) {
       if (String(e.argv[1]).endsWith(SETUP)) {
