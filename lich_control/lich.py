@@ -30,7 +30,6 @@ import urllib3
 from requests.structures import CaseInsensitiveDict
 
 from . import CONTRACT_RELEASE, __version__
-from .ack import Ack
 from .batch import Answer, NotAnArray, read_answer
 from .config import Config
 from .loopback import CuttableAdapter, Deadline, ForeignListener
@@ -115,8 +114,8 @@ class LichClient:
         except NotAnArray as exc:
             raise PollFailed(f"lich answered 200 with {exc}") from None
 
-    def ack(self, ack: Ack) -> None:
-        """Post one ack; AckFailed says why it did not land."""
+    def ack(self, ack) -> None:
+        """Post one ack (an `acks.Ack`, which imports this module); AckFailed says why it did not land."""
         request = self._ack.copy()
         request.prepare_body(data=ack.body(), files=None)
         try:

@@ -14,7 +14,7 @@ from lich_control.batch import MAX_ITEMS, MAX_VALUES, TOO_DEEP
 from lich_control.commands import NOT_UTF8, Command
 from lich_control.config import Config
 from lich_dev.lich import Answer, StubLich
-from lich_control.engine import Turns
+from lich_control.bridge import Turns
 from lich_control.lich import LichClient
 from lich_control.poller import Poller
 from lich_control.status import Activity

@@ -13,7 +13,7 @@ import pytest
 
 from fakes import RawAnswer
 from lich_control import loopback
-from lich_control.ack import Ack
+from lich_control.acks import Ack
 from lich_control.batch import MAX_ITEMS
 from lich_control.config import Config
 from lich_dev.lich import AckAnswer, Answer, StubLich

@@ -11,7 +11,7 @@ import responses
 import urllib3
 
 from lich_control import CONTRACT_RELEASE, __version__
-from lich_control.ack import Ack
+from lich_control.acks import Ack
 from lich_control.config import Config
 from lich_control.lich import MAX_ACK_ANSWER, MAX_POLL_BODY, AckFailed, LichClient, LichGone, PollFailed
 

@@ -8,7 +8,7 @@ from urllib.parse import quote
 import pytest
 
 from fakes import RawAnswer
-from lich_control.ack import Ack
+from lich_control.acks import Ack
 from lich_control.config import Config
 from lich_dev.lich import Answer, StubLich
 from lich_control.lich import AckFailed, Deadlines, LichClient, PollFailed

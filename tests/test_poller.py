@@ -10,7 +10,7 @@ import responses
 from freezegun import freeze_time
 
 from lich_control.config import Config
-from lich_control.engine import Turns
+from lich_control.bridge import Turns
 from lich_control.lich import MAX_POLL_BODY, LichClient
 from lich_control.poller import Poller
 from lich_control.status import Activity

@@ -10,16 +10,15 @@ import responses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lich_control.acker import Acker
+from lich_control.acks import Acks
 from lich_control.status import Activity
-from lich_control.asks import Asks
 from lich_control.batch import MAX_ITEMS, NotAnArray, read_answer
 from lich_control.commands import EFFORTS, KINDS
 from lich_control.config import Config
-from lich_control.engine import CallResult, Turns, resolved
+from lich_control.bridge import CallResult, PendingCalls, Turns
 from lich_control.lich import LichClient
 from lich_control.poller import Poller
-from lich_control.worker import Worker
+from lich_control.worker import Asks, Worker
 
 from fakes import ScriptedClient
 
@@ -50,29 +49,27 @@ def expected_ids(batch):
 class AutoEngine:
     """A session that answers every call at once, sometimes with a refusal."""
 
-    name = "auto"
-
     def __init__(self, turns):
         self.turns = turns
         self.n = itertools.count()
+        self.pending = PendingCalls()
 
-    def submit_prompt(self, text, as_user=False):
-        if next(self.n) % 3 == 0:
-            return resolved(CallResult.answered({"drop": "dropped"}))
-        self.turns.started("t1")
-        return resolved(CallResult.answered({"text": text}))
+    def call(self, method, args, timeout):
+        call_id, future = self.pending.add(method, timeout)
+        self.pending.settle(call_id, self._answer(method, args))
+        return future
 
-    def abort_turn(self, turn_id):
-        return resolved(CallResult.answered(None))
-
-    def run_command(self, name, args):
-        return resolved(CallResult.failed("no such command") if next(self.n) % 2 else CallResult.answered({}))
-
-    def fork(self, prompt):
-        return resolved(CallResult.answered({"isAnswered": True, "text": prompt[-30:] * 700}))
-
-    def set_overrides(self, overrides):
-        return resolved(CallResult.answered(None))
+    def _answer(self, method, args):
+        if method == "prompt.submit":
+            if next(self.n) % 3 == 0:
+                return CallResult.answered({"drop": "dropped"})
+            self.turns.started("t1")
+            return CallResult.answered({"text": args["text"]})
+        if method == "command.run":
+            return CallResult.failed("no such command") if next(self.n) % 2 else CallResult.answered({})
+        if method == "model.fork":
+            return CallResult.answered({"isAnswered": True, "text": args["prompt"][-30:] * 700})
+        return CallResult.answered(None)
 
 
 class Rig:
@@ -82,10 +79,9 @@ class Rig:
         self.activity = Activity("s1", "auto", turns)
         factory = lambda: self.client  # noqa: E731
         engine = AutoEngine(turns)
-        self.acker = Acker(factory, self.activity)
-        self.worker = Worker(engine, turns, self.acker, factory, self.activity, "s1")
-        self.asks = Asks(engine, factory, self.activity, "s1", size=4)
-        self.acker.start()
+        self.acks = Acks(factory, self.activity)
+        self.worker = Worker(engine, turns, self.acks, self.activity, "s1")
+        self.asks = Asks(engine, self.acks, self.activity, "s1")
         self.worker.start()
 
 
@@ -95,7 +91,7 @@ def rig():
     yield r
     r.asks.stop()
     r.worker.stop(5)
-    r.acker.stop(5)
+    r.acks.stop(5)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -116,7 +112,7 @@ def test_every_item_with_an_id_gets_exactly_one_ack_in_process(rig, batch):
     for ack in acks:
         assert len(ack.body()) < 64 * 1024
         assert (ack.answer is None) or (ack.kind == "ask" and ack.ok)
-    assert rig.worker._thread.is_alive() and rig.acker._thread.is_alive()
+    assert rig.worker._thread.is_alive()
 
 
 def nested(depth):
