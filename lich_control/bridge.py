@@ -193,12 +193,12 @@ class Bridge:
     never `close`, a result, or a call's deadline.
     """
 
-    def __init__(self, out: BinaryIO, turns: Turns, on_broken: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, out: BinaryIO, turns: Turns, on_broken: Callable[[str], None]):
         self._out = out
         self._turns = turns
         self._on_broken = on_broken
         self._write_lock = threading.Lock()
-        self._calls = PendingCalls(clock)
+        self._calls = PendingCalls()
 
     # -- daemon -> relay -------------------------------------------------
 

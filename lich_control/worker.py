@@ -30,7 +30,9 @@ log = logging.getLogger("lich_control.worker")
 QUICK_TIMEOUT = 10.0
 FORK_TIMEOUT = 300.0  # well past the 109 s the seed saw a real fork take
 NO_TURN = "no turn is running"
-ASK_THREADS = 4
+# One: the calls go out one at a time on stdout (the bridge's write lock)
+# whatever the threads, and a fork in flight holds none.
+ASK_THREADS = 1
 
 Outcome = Tuple[bool, Optional[str]]  # ok, error
 _STOP = object()
@@ -81,7 +83,6 @@ class Worker:
         outcome = self._apply(command)
         if isinstance(outcome, Future):
             read = prompt_outcome if command.kind == "prompt" else call_outcome
-            self._activity.waiting(command.id, "session")
             self._acks.send_when_done(outcome, lambda result: self._ack(command, read(result)))
         else:
             self._acks.send(self._ack(command, outcome))
@@ -91,29 +92,31 @@ class Worker:
             return False, command.problem
         if command.kind == "prompt":
             if command.notification is None:
-                return self._engine.call("prompt.submit", {"text": command.text}, None)
+                return self._call(command, "prompt.submit", {"text": command.text})
             text = notification_text(command.text, command.notification)
-            return self._engine.call("prompt.submit", {"text": text, "asUser": True}, None)
+            return self._call(command, "prompt.submit", {"text": text, "asUser": True})
         if command.kind == "command":
             args = {"command": command.name} if command.args is None else {"command": command.name, "args": command.args}
-            return self._engine.call("command.run", args, None)
+            return self._call(command, "command.run", args)
         if command.kind == "abort":
             turn = self._turns.current
             if turn is None:
                 return False, NO_TURN
-            return call_outcome(self._await(command, "turn.abort", {"turnId": turn}))
+            return call_outcome(self._call(command, "turn.abort", {"turnId": turn}, self._quick_timeout).result())
         if command.kind in ("model", "effort"):
             wanted = attrs.evolve(self.overrides, **{command.kind: getattr(command, command.kind)})
-            result = self._await(command, "overrides.set", {"model": wanted.model, "effort": wanted.effort})
+            result = self._call(command, "overrides.set", {"model": wanted.model, "effort": wanted.effort}, self._quick_timeout).result()
             if result.ok:
                 self.overrides = wanted
                 self._activity.set_overrides(wanted)
             return call_outcome(result)
         return False, UNKNOWN_KIND  # asks never reach the worker; anything else is a bug upstream
 
-    def _await(self, command: Command, method: str, args: dict) -> CallResult:
+    def _call(self, command: Command, method: str, args: dict, timeout: Optional[float] = None) -> "Future[CallResult]":
+        """The call's Future, settled by its deadline at the latest: an
+        awaited one's `result()` is bounded by `timeout`."""
         self._activity.waiting(command.id, "session")
-        return self._engine.call(method, args, self._quick_timeout).result()  # settled by its deadline at the latest
+        return self._engine.call(method, args, timeout)
 
     def _ack(self, command: Command, outcome: Outcome) -> Ack:
         ok, error = outcome
