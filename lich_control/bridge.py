@@ -1,30 +1,184 @@
-"""Bridge: the session as the relay in Claude Code reaches it (bridge.md, protocol 1).
+"""The session the worker drives, and the relay as that session (bridge.md, protocol 1).
 
-Calls go out as JSON lines on stdout; results and events come back over the
-daemon's Unix socket (see `unix_socket`). The bridge matches results to calls
-and nothing more: what a result means for lich is the worker's business.
-Any thread may call. One lock guards the pending calls, held only to touch
-them; another the stdout stream, held while a line is written: a relay
-that stops reading stdout blocks that writer, never `close` or a result.
-A caller that gives up on a call cancels its Future, and the call is
-forgotten: its late result, if one comes, is ignored.
+An engine takes `call(method, args, timeout)` and answers with a Future that
+always settles with a `CallResult` and never raises: with the session's
+answer, with a failure once `timeout` seconds have passed (None: no
+deadline), or with `close`'s reason. The worker reads one shape whatever
+happened. `Bridge` is the relay as that engine: calls go out as JSON lines on
+stdout, results and events come back over the daemon's Unix socket (see
+`unix_socket`). What a result means for lich is the worker's business.
 """
 from __future__ import annotations
 
-import itertools
+import heapq
 import json
 import logging
 import os
 import threading
-from concurrent.futures import Future, InvalidStateError
-from typing import Any, BinaryIO, Callable, Dict, Optional
+import time
+from concurrent.futures import Future
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Protocol, Tuple
+
+import attrs
 
 from . import __version__
-from .engine import CallResult, Overrides, Turns, resolved
 
 log = logging.getLogger("lich_control.bridge")
 
 PROTOCOL = 1
+
+
+@attrs.frozen
+class CallResult:
+    ok: bool
+    value: Any = None
+    error: Optional[str] = None
+
+    @classmethod
+    def answered(cls, value: Any = None) -> "CallResult":
+        return cls(ok=True, value=value)
+
+    @classmethod
+    def failed(cls, error: str) -> "CallResult":
+        return cls(ok=False, error=error)
+
+
+@attrs.frozen
+class Overrides:
+    """The model and effort every model request is sent with; None = the session's own."""
+
+    model: Optional[str] = None
+    effort: Optional[str] = None
+
+
+class Engine(Protocol):
+    def call(self, method: str, args: dict, timeout: Optional[float]) -> "Future[CallResult]": ...
+
+    def close(self, reason: str) -> None:
+        """Fail every call still waiting with `reason`, and any made later."""
+
+
+class Turns:
+    """The main loop's running turn, as turn.start and turn.complete tell it.
+
+    Written by whichever thread delivers the session's events, read by the
+    worker when an abort comes; the lock keeps the pair consistent.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._current: Optional[str] = None
+
+    @property
+    def current(self) -> Optional[str]:
+        with self._lock:
+            return self._current
+
+    def started(self, turn_id: str) -> None:
+        with self._lock:
+            self._current = turn_id
+
+    def completed(self, turn_id: str) -> None:
+        # A subagent's turn ends too; only the recorded turn's end clears it.
+        with self._lock:
+            if self._current == turn_id:
+                self._current = None
+
+
+class PendingCalls:
+    """The calls waiting for an answer, each settled exactly once.
+
+    `settle` takes a call out of the table, under the condition, before it
+    settles its Future: whichever comes first (the answer, the deadline,
+    `close`) settles it, and whatever comes later finds nothing, is ignored,
+    and the call is forgotten. That is the one guard against a second ack.
+
+    One thread keeps every deadline, started with the first: it sleeps until
+    the earliest falls, and for good while none is pending. A call added
+    with a later deadline never wakes it; one answered wakes it only when it
+    held the earliest, so it sleeps until the next. The table, the deadlines
+    and the thread are this object's; the condition guards them.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._count = 0
+        self._pending: Dict[str, Future] = {}
+        self._deadlines: List[Tuple[float, int, str, str]] = []  # a heap of (at, n, call id, error)
+        self._thread: Optional[threading.Thread] = None
+        self._closed: Optional[str] = None
+
+    def add(self, method: str, timeout: Optional[float]) -> Tuple[str, "Future[CallResult]"]:
+        """A new call's id and Future; settled already, failed, once closed."""
+        future: "Future[CallResult]" = Future()
+        with self._cond:
+            if self._closed is not None:
+                future.set_result(CallResult.failed(self._closed))
+                return "", future
+            self._count += 1
+            call_id = f"c{self._count}"
+            self._pending[call_id] = future
+            if timeout is not None:
+                error = f"{method} did not answer within {timeout:g} s"
+                heapq.heappush(self._deadlines, (self._clock() + timeout, self._count, call_id, error))
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="lich-call-deadlines", daemon=True)
+                    self._thread.start()
+                elif self._deadlines[0][2] == call_id:
+                    self._cond.notify()  # it sleeps until a later one
+        return call_id, future
+
+    def settle(self, call_id: str, result: CallResult) -> bool:
+        """Settle the call, in this thread (its done-callbacks run here);
+        False if it was settled already, or never was."""
+        with self._cond:
+            future = self._pending.pop(call_id, None)
+            if future is not None and self._deadlines and self._deadlines[0][2] == call_id:
+                self._cond.notify()
+        if future is None:
+            return False
+        future.set_result(result)
+        return True
+
+    def close(self, reason: str) -> None:
+        with self._cond:
+            if self._closed is None:
+                self._closed = reason
+            pending, self._pending = self._pending, {}
+            self._deadlines.clear()
+            self._cond.notify()
+        for future in pending.values():
+            future.set_result(CallResult.failed(reason))
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                due = self._next_due()
+            if due is None:
+                return  # closed
+            call_id, error = due
+            try:
+                if self.settle(call_id, CallResult.failed(error)):
+                    log.warning("%s: %s", call_id, error)
+            except Exception:  # one bad settle must not end the deadlines after it
+                log.exception("failing %s at its deadline failed", call_id)
+
+    def _next_due(self) -> Optional[Tuple[str, str]]:
+        """Under the condition: the next call past its deadline; None once closed."""
+        while self._closed is None:
+            while self._deadlines and self._deadlines[0][2] not in self._pending:
+                heapq.heappop(self._deadlines)  # answered in time
+            if not self._deadlines:
+                self._cond.wait()
+                continue
+            at, _, call_id, error = self._deadlines[0]
+            left = at - self._clock()
+            if left <= 0:
+                heapq.heappop(self._deadlines)
+                return call_id, error
+            self._cond.wait(left)
+        return None
 
 
 class BadMessage(Exception):
@@ -32,80 +186,46 @@ class BadMessage(Exception):
 
 
 class Bridge:
-    name = "relay"
+    """The relay as the engine. Any thread may call.
+
+    The pending calls are `PendingCalls`'; a lock guards stdout, held while a
+    line is written: a relay that stops reading stdout blocks that writer,
+    never `close`, a result, or a call's deadline.
+    """
 
     def __init__(self, out: BinaryIO, turns: Turns, on_broken: Callable[[str], None]):
         self._out = out
         self._turns = turns
         self._on_broken = on_broken
-        self._lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self._ids = itertools.count(1)
-        self._pending: Dict[str, Future] = {}
-        self._closed: Optional[str] = None
+        self._calls = PendingCalls()
 
     # -- daemon -> relay -------------------------------------------------
 
     def hello(self, socket_path: str) -> None:
         self._write({"op": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "socket": socket_path, "version": __version__})
 
-    def submit_prompt(self, text: str, as_user: bool = False) -> "Future[CallResult]":
-        return self.call("prompt.submit", {"text": text, "asUser": True} if as_user else {"text": text})
-
-    def abort_turn(self, turn_id: str) -> "Future[CallResult]":
-        return self.call("turn.abort", {"turnId": turn_id})
-
-    def run_command(self, name: str, args: Optional[str]) -> "Future[CallResult]":
-        return self.call("command.run", {"command": name} if args is None else {"command": name, "args": args})
-
-    def fork(self, prompt: str) -> "Future[CallResult]":
-        return self.call("model.fork", {"prompt": prompt})
-
-    def set_overrides(self, overrides: Overrides) -> "Future[CallResult]":
-        return self.call("overrides.set", {"model": overrides.model, "effort": overrides.effort})
-
-    def call(self, method: str, args: dict) -> "Future[CallResult]":
-        with self._lock:
-            if self._closed is not None:
-                return resolved(CallResult.failed(self._closed))
-            call_id = f"c{next(self._ids)}"
-            future: "Future[CallResult]" = Future()
-            self._pending[call_id] = future
-        future.add_done_callback(lambda done: self._given_up(call_id, done))
-        self._write({"op": "call", "id": call_id, "method": method, "args": args})
-        log.debug("call %s: %s", call_id, method)
+    def call(self, method: str, args: dict, timeout: Optional[float]) -> "Future[CallResult]":
+        call_id, future = self._calls.add(method, timeout)
+        if not future.done():
+            self._write({"op": "call", "id": call_id, "method": method, "args": args})
+            log.debug("call %s: %s", call_id, method)
         return future
 
     def close(self, reason: str) -> None:
         """Fail every call still waiting; later calls fail at once with `reason`."""
-        with self._lock:
-            if self._closed is None:
-                self._closed = reason
-            pending, self._pending = self._pending, {}
-        for future in pending.values():
-            _settle(future, CallResult.failed(reason))
-
-    def _given_up(self, call_id: str, done: Future) -> None:
-        if done.cancelled():
-            with self._lock:
-                self._pending.pop(call_id, None)
+        self._calls.close(reason)
 
     def _write(self, message: dict) -> None:
-        with self._write_lock:
-            ok = self._write_locked(message)
-        if not ok:
-            self.close("the relay is gone (its end of the pipe closed)")
-
-    def _write_locked(self, message: dict) -> bool:
         line = json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n"
         try:
-            self._out.write(line.encode("utf-8", "backslashreplace"))
-            self._out.flush()
-            return True
+            with self._write_lock:
+                self._out.write(line.encode("utf-8", "backslashreplace"))
+                self._out.flush()
         except (OSError, ValueError) as exc:  # ValueError: the stream was closed
             log.warning("writing to stdout failed (%s): the relay is gone", type(exc).__name__)
             self._on_broken("writing to stdout failed")
-            return False
+            self.close("the relay is gone (its end of the pipe closed)")
 
     # -- relay -> daemon -------------------------------------------------
 
@@ -125,9 +245,7 @@ class Bridge:
             if not isinstance(error, str):
                 raise BadMessage("error must be a string when ok is false")
             outcome = CallResult.failed(error or "the session rejected the call without a message")
-        with self._lock:
-            future = self._pending.pop(call_id, None)
-        if future is None or not _settle(future, outcome):
+        if not self._calls.settle(call_id, outcome):
             log.info("a result for %s, which is no call waiting here; ignored", call_id[:40])
 
     def event(self, doc: Any) -> None:
@@ -144,12 +262,3 @@ class Bridge:
             log.debug("%s %s", name, turn_id)
         else:
             log.info("an event this daemon does not know (%s); ignored", name[:40])
-
-
-def _settle(future: Future, result: CallResult) -> bool:
-    """Settle a call unless its caller gave it up meanwhile (cancelled it)."""
-    try:
-        future.set_result(result)
-    except InvalidStateError:
-        return False
-    return True

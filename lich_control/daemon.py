@@ -31,18 +31,16 @@ import time
 from typing import Optional
 
 from . import __version__, logs
-from .acker import Acker
+from .acks import Acks
 from .status import Activity
-from .asks import Asks
-from .bridge import BadMessage, Bridge
+from .bridge import BadMessage, Bridge, Turns
 from .config import BadConfig, Config, NotInLich, ensure_run_dir, socket_too_long
-from .engine import Turns
 from .lich import LichClient
 from .lifeline import LOCK_WAIT_SECONDS, ParentWatch, SessionLock, set_parent_death_signal
 from .poller import Poller
 from .safe_text import Scrub
 from .unix_socket import Routes, UnixHttpServer
-from .worker import Worker
+from .worker import Asks, Worker
 
 log = logging.getLogger("lich_control.daemon")
 
@@ -76,13 +74,12 @@ class Daemon:
         self.stop_reason: Optional[str] = None
         self.exit_code = 0
         factory = client_factory or (lambda: LichClient(config))
-        self.acker = Acker(factory, activity)
-        self.worker = Worker(engine, turns, self.acker, factory, activity, config.session_id)
-        self.asks = Asks(engine, factory, activity, config.session_id)
+        self.acks = Acks(factory, activity)
+        self.worker = Worker(engine, turns, self.acks, activity, config.session_id)
+        self.asks = Asks(engine, self.acks, activity, config.session_id)
         self.poller = Poller(factory(), self.worker.submit, self.asks.submit, activity, on_crash=self._crashed)
 
     def start(self) -> None:
-        self.acker.start()
         self.worker.start()
         self.poller.start()
         log.info("polling lich on port %d for session %s", self.config.port, self.config.session_id)
@@ -119,7 +116,7 @@ class Daemon:
         self.poller.stop(timeout=left())
         self.asks.stop()
         self.worker.stop(timeout=left())
-        self.acker.stop(timeout=left())
+        self.acks.stop(timeout=left())
         self.engine.close("the daemon is stopping")
 
     def _crashed(self, reason: str) -> None:

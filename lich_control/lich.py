@@ -40,7 +40,6 @@ from urllib3.connection import HTTPConnection
 from urllib3.connectionpool import HTTPConnectionPool
 
 from . import CONTRACT_RELEASE, __version__
-from .ack import Ack
 from .config import Config
 
 log = logging.getLogger("lich_control.lich")
@@ -117,8 +116,8 @@ class LichClient:
             raise PollFailed(f"lich answered {status}")
         return body
 
-    def ack(self, ack: Ack) -> None:
-        """Post one ack; AckFailed says why it did not land."""
+    def ack(self, ack) -> None:
+        """Post one ack (an `acks.Ack`, which imports this module); AckFailed says why it did not land."""
         request = self._ack.copy()
         request.prepare_body(data=ack.body(), files=None)
         status, reason, text = self._exchange(request, self._timeouts.ack, MAX_ACK_ANSWER, AckFailed)

@@ -22,7 +22,7 @@ from typing import Callable, Dict, Optional
 
 from . import CONTRACT_RELEASE, __version__
 from .commands import KINDS
-from .engine import Overrides, Turns
+from .bridge import Overrides, Turns
 from .safe_text import Scrub
 
 RECENT = 20

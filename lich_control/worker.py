@@ -1,67 +1,57 @@
-"""Worker: applies lich's commands one at a time, in the order they arrived.
+"""The Worker applies lich's commands one at a time, in the order they
+arrived; Asks answer side questions beside it, outside that order.
 
-A prompt or a slash command is started in its place and acked later, when
-the session settles it (through the Acker); the next command runs at once.
-Every other command's ack is sent here, and awaited, before the next one:
-lich ends the turn it has open when an abort's ack lands, so a late ack
-would end the turn the next prompt opened.
-
-The queue, the thread, its lich client, the command in hand's `OneAck` and
-the overrides are this object's; the overrides are only ever replaced
-whole, so readers need no lock. Nothing a command does ends the thread: a
-failure costs that command (acked failed, unless its ack went out or was
-promised already), is logged, and the next command runs.
+A prompt or a slash command is started in its place and acked when the
+session settles it; the next command runs at once. Every other command is
+acked, and its ack awaited, before the next one: lich ends the turn it has
+open when an abort's ack lands, so a late ack would end the turn the next
+prompt opened. `Worker._apply` returns a command's outcome, or the Future of
+the call it started, and never sends: `Acks` sends, from one place.
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
-from concurrent.futures import Future, TimeoutError as FutureTimeout
-from typing import Callable, Optional
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Optional, Tuple, Union
 
 import attrs
 
-from .acker import Acker, OneAck, send_ack
-from .ack import Ack
+from .acks import Ack, Acks
+from .bridge import CallResult, Engine, Overrides, Turns
+from .commands import UNKNOWN_KIND, Command, ask_prompt, notification_text
 from .status import Activity
-from .commands import Command, notification_text
-from .engine import CallResult, Engine, Overrides, Turns
-from .lich import LichClient
 
 log = logging.getLogger("lich_control.worker")
 
 # turn.abort and overrides.set answer at once in a live session; past this
 # the relay is stuck, and lich hears so instead of waiting on nothing.
-QUICK_CALL_TIMEOUT = 10.0
+QUICK_TIMEOUT = 10.0
+FORK_TIMEOUT = 300.0  # well past the 109 s the seed saw a real fork take
 NO_TURN = "no turn is running"
+# One: the calls go out one at a time on stdout (the bridge's write lock)
+# whatever the threads, and a fork in flight holds none.
+ASK_THREADS = 1
 
+Outcome = Tuple[bool, Optional[str]]  # ok, error
 _STOP = object()
 
 
 class Worker:
-    def __init__(
-        self,
-        engine: Engine,
-        turns: Turns,
-        acker: Acker,
-        client_factory: Callable[[], LichClient],
-        activity: Activity,
-        session_id: str,
-        quick_timeout: float = QUICK_CALL_TIMEOUT,
-    ):
+    """The queue, the thread and the overrides are this object's; the
+    overrides are only ever replaced whole, so readers need no lock."""
+
+    def __init__(self, engine: Engine, turns: Turns, acks: Acks, activity: Activity, session_id: str, quick_timeout: float = QUICK_TIMEOUT):
         self._engine = engine
         self._turns = turns
-        self._acker = acker
-        self._client_factory = client_factory
+        self._acks = acks
         self._activity = activity
         self._session_id = session_id
         self._quick_timeout = quick_timeout
         self._queue: "queue.Queue" = queue.Queue()  # unbounded: put never blocks
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lich-worker", daemon=True)
-        self._client: Optional[LichClient] = None
-        self._owed = OneAck()  # the ack of the command in hand
         self.overrides = Overrides()
 
     def start(self) -> None:
@@ -80,118 +70,125 @@ class Worker:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        try:
-            self._client = self._client_factory()  # made here: the thread's own session
-        except Exception:  # made again at the first ack; the thread goes on
-            log.exception("making the worker's lich client failed")
-        try:
-            for command in iter(self._queue.get, _STOP):
-                try:
-                    self._take(command)
-                except Exception:  # even the catch-all's own ack can fail: the next command still runs
-                    log.exception("the worker lost %s (%s)", command.id, command.kind)
-        finally:
-            if self._client is not None:
-                self._client.close()
+        for command in iter(self._queue.get, _STOP):
+            try:
+                self._take(command)
+            except Exception:  # a bug costs its command (unacked, and said here), never the ones after it
+                log.exception("the worker lost %s (%s)", command.id, command.kind)
 
     def _take(self, command: Command) -> None:
-        self._owed = OneAck()
         if self._stopping.is_set():
             self._activity.abandoned(command.id, "the daemon is stopping")
             return
-        try:
-            self._apply(command)
-        except Exception:  # a bug must cost one command, not the thread
-            log.exception("applying %s (%s) failed", command.id, command.kind)
-            if not self._owed.taken:  # an ack sent, tried or promised is never followed by another
-                self._ack_now(command, False, "the daemon failed to apply it (see its log)")
+        outcome = self._apply(command)
+        if isinstance(outcome, Future):
+            read = prompt_outcome if command.kind == "prompt" else call_outcome
+            self._acks.send_when_done(outcome, lambda result: self._ack(command, read(result)))
+        else:
+            self._acks.send(self._ack(command, outcome))
 
-    def _apply(self, command: Command) -> None:
+    def _apply(self, command: Command) -> Union[Outcome, "Future[CallResult]"]:
         if command.problem is not None:
-            self._ack_now(command, False, command.problem)
-        elif command.kind == "prompt":
-            self._prompt(command)
-        elif command.kind == "command":
-            self._slash_command(command)
-        elif command.kind == "abort":
-            self._abort(command)
-        elif command.kind in ("model", "effort"):
-            self._override(command)
-        else:  # asks never reach the worker; anything else is a bug upstream
-            self._ack_now(command, False, "unknown kind")
+            return False, command.problem
+        if command.kind == "prompt":
+            if command.notification is None:
+                return self._call(command, "prompt.submit", {"text": command.text})
+            text = notification_text(command.text, command.notification)
+            return self._call(command, "prompt.submit", {"text": text, "asUser": True})
+        if command.kind == "command":
+            args = {"command": command.name} if command.args is None else {"command": command.name, "args": command.args}
+            return self._call(command, "command.run", args)
+        if command.kind == "abort":
+            turn = self._turns.current
+            if turn is None:
+                return False, NO_TURN
+            return call_outcome(self._call(command, "turn.abort", {"turnId": turn}, self._quick_timeout).result())
+        if command.kind in ("model", "effort"):
+            wanted = attrs.evolve(self.overrides, **{command.kind: getattr(command, command.kind)})
+            result = self._call(command, "overrides.set", {"model": wanted.model, "effort": wanted.effort}, self._quick_timeout).result()
+            if result.ok:
+                self.overrides = wanted
+                self._activity.set_overrides(wanted)
+            return call_outcome(result)
+        return False, UNKNOWN_KIND  # asks never reach the worker; anything else is a bug upstream
 
-    # -- started here, acked when the session settles them ---------------
-
-    def _prompt(self, command: Command) -> None:
-        if command.notification is not None:
-            future = self._engine.submit_prompt(notification_text(command.text, command.notification), as_user=True)
-        else:
-            future = self._engine.submit_prompt(command.text)
-        self._ack_later(command, future, prompt_outcome)
-
-    def _slash_command(self, command: Command) -> None:
-        self._ack_later(command, self._engine.run_command(command.name, command.args), call_outcome)
-
-    def _ack_later(self, command: Command, future: "Future[CallResult]", outcome) -> None:
-        self._owed.take()  # promised to `settled`, which runs once, whatever comes after
-
-        def settled(done: "Future[CallResult]") -> None:
-            try:
-                ok, error = outcome(done.result())
-            except Exception:  # runs on the settling thread: a bug must still ack
-                log.exception("reading the outcome of %s failed", command.id)
-                ok, error = False, "the daemon could not read the session's answer (see its log)"
-            self._acker.submit(Ack(self._session_id, command.id, command.kind, ok=ok, error=error))
-
-        future.add_done_callback(settled)
+    def _call(self, command: Command, method: str, args: dict, timeout: Optional[float] = None) -> "Future[CallResult]":
+        """The call's Future, settled by its deadline at the latest: an
+        awaited one's `result()` is bounded by `timeout`."""
         self._activity.waiting(command.id, "session")
+        return self._engine.call(method, args, timeout)
 
-    # -- applied and acked before the next command -----------------------
-
-    def _abort(self, command: Command) -> None:
-        turn = self._turns.current
-        if turn is None:
-            self._ack_now(command, False, NO_TURN)
-            return
-        result = self._quick(command, "turn.abort", self._engine.abort_turn(turn))
-        self._ack_now(command, *call_outcome(result))
-
-    def _override(self, command: Command) -> None:
-        if command.kind == "model":
-            wanted = attrs.evolve(self.overrides, model=command.model)
-        else:
-            wanted = attrs.evolve(self.overrides, effort=command.effort)
-        result = self._quick(command, "overrides.set", self._engine.set_overrides(wanted))
-        if result.ok:
-            self.overrides = wanted
-            self._activity.set_overrides(wanted)
-        self._ack_now(command, *call_outcome(result))
-
-    def _quick(self, command: Command, method: str, future: "Future[CallResult]") -> CallResult:
-        self._activity.waiting(command.id, "session")
-        try:
-            return future.result(timeout=self._quick_timeout)
-        except FutureTimeout:
-            return CallResult.failed(f"{method} did not answer within {self._quick_timeout:g} s")
-
-    def _ack_now(self, command: Command, ok: bool, error: Optional[str]) -> None:
-        if not self._owed.take():
-            log.error("a second ack for %s (%s) was not sent", command.id, command.kind)
-            return
-        try:
-            self._activity.waiting(command.id, "ack")
-        finally:  # the status is bookkeeping: the ack goes out whatever it did
-            if self._client is None:
-                self._client = self._client_factory()
-            send_ack(self._client, self._activity, Ack(self._session_id, command.id, command.kind, ok=ok, error=error))
+    def _ack(self, command: Command, outcome: Outcome) -> Ack:
+        ok, error = outcome
+        return Ack(self._session_id, command.id, command.kind, ok=ok, error=error)
 
 
-def call_outcome(result: CallResult):
+def call_outcome(result: CallResult) -> Outcome:
     return (True, None) if result.ok else (False, result.error or "the session refused it without a reason")
 
 
-def prompt_outcome(result: CallResult):
+def prompt_outcome(result: CallResult) -> Outcome:
     """A prompt a hook or the engine dropped resolves, but did not start a turn."""
     if result.ok and isinstance(result.value, dict) and isinstance(result.value.get("drop"), str):
         return False, result.value["drop"] or "the prompt was dropped without a reason"
     return call_outcome(result)
+
+
+class Asks:
+    """Side questions, each answered by a fork beside the turn.
+
+    An ask starts the moment its poll returns, several at once, and is acked
+    whenever its fork answers, or failed at its deadline. The pool writes
+    each fork's call off the poller's thread, which a relay slow to read
+    stdout must never hold (polling never waits on a command); a fork in
+    flight holds no thread: its ack goes from `Acks` once it settles. The
+    pool is this object's.
+    """
+
+    def __init__(self, engine: Engine, acks: Acks, activity: Activity, session_id: str, timeout: float = FORK_TIMEOUT):
+        self._engine = engine
+        self._acks = acks
+        self._activity = activity
+        self._session_id = session_id
+        self._timeout = timeout
+        self._pool = ThreadPoolExecutor(max_workers=ASK_THREADS, thread_name_prefix="lich-ask")
+
+    def submit(self, command: Command) -> None:
+        self._activity.waiting(command.id, "ask pool")
+        try:
+            job = self._pool.submit(self._start, command)
+        except RuntimeError:  # the pool is shut: the daemon is stopping
+            log.info("the daemon is stopping: %s is not asked", command.id)
+            return
+        job.add_done_callback(_said)
+
+    def stop(self) -> None:
+        """Start nothing new; forks that settle from now on are not acked."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _start(self, command: Command) -> None:
+        self._activity.waiting(command.id, "fork")
+        fork = self._engine.call("model.fork", {"prompt": ask_prompt(command.question)}, self._timeout)
+        self._acks.send_when_done(fork, lambda result: fork_ack(self._session_id, command, result))
+
+
+def fork_ack(session_id: str, command: Command, result: CallResult) -> Ack:
+    """The ack of an ask from what `$.model.fork` resolved to."""
+    if not result.ok:
+        return Ack(session_id, command.id, "ask", ok=False, error=result.error)
+    reply = result.value if isinstance(result.value, dict) else {}
+    if reply.get("isAnswered") is True:
+        text = reply.get("text")
+        return Ack(session_id, command.id, "ask", ok=True, answer=text if isinstance(text, str) else "")
+    reason = reply.get("reason")
+    if reason == "api-error":
+        status = reply.get("status")
+        reason = f"api-error {'null' if status is None else status} {reply.get('error', 'unknown')}"
+    elif not isinstance(reason, str) or not reason:
+        reason = "the fork answered in a shape this daemon does not know"
+    return Ack(session_id, command.id, "ask", ok=False, error=reason)
+
+
+def _said(job: Future) -> None:
+    if not job.cancelled() and job.exception() is not None:  # a Future keeps its job's exception to itself
+        log.error("an ask failed unexpectedly", exc_info=job.exception())

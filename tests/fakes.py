@@ -5,9 +5,8 @@ import json
 import socket
 import struct
 import threading
-from concurrent.futures import Future
 
-from lich_control.engine import CallResult
+from lich_control.bridge import CallResult, PendingCalls
 from lich_control.lich import AckFailed
 
 
@@ -82,38 +81,28 @@ class ScriptedClient:
 
 
 class FakeEngine:
-    """Records every call (and on `timeline`, the thread that made it) and
-    hands back a Future the test settles."""
-
-    name = "fake"
+    """Records every call (and on `timeline`, the thread that made it) as
+    (method, args, timeout). Its Futures are `PendingCalls`', as the
+    bridge's are: the test settles them, or their deadlines do."""
 
     def __init__(self, timeline=None):
         self.calls = []
+        self.ids = []
+        self.pending = PendingCalls()
         self.cond = threading.Condition()
         self.timeline = timeline or Timeline()
 
-    def _call(self, method, *args):
-        future = Future()
+    def call(self, method, args, timeout):
+        call_id, future = self.pending.add(method, timeout)
         with self.cond:
-            self.calls.append((method, args, future))
+            self.calls.append((method, args, timeout))
+            self.ids.append(call_id)
             self.timeline.note(f"call {method}")
             self.cond.notify_all()
         return future
 
-    def submit_prompt(self, text, as_user=False):
-        return self._call("prompt.submit", text, as_user)
-
-    def abort_turn(self, turn_id):
-        return self._call("turn.abort", turn_id)
-
-    def run_command(self, name, args):
-        return self._call("command.run", name, args)
-
-    def fork(self, prompt):
-        return self._call("model.fork", prompt)
-
-    def set_overrides(self, overrides):
-        return self._call("overrides.set", overrides)
+    def close(self, reason):
+        self.pending.close(reason)
 
     def wait_calls(self, n, timeout=5.0):
         with self.cond:
@@ -121,8 +110,7 @@ class FakeEngine:
             return list(self.calls)
 
     def settle(self, index, value=None, error=None):
-        future = self.calls[index][2]
-        future.set_result(CallResult.failed(error) if error is not None else CallResult.answered(value))
+        return self.pending.settle(self.ids[index], CallResult.failed(error) if error is not None else CallResult.answered(value))
 
 
 def refused(reason="400 nope"):

@@ -1,8 +1,25 @@
+"""The ack value, encoded within lich's limit, and Acks sending it: over a
+real LichClient with mocked HTTP (responses), one attempt per ack, and what
+the status and the log say of each. The token would show in any text built
+from the URL."""
 import json
+import logging
+import threading
+from concurrent.futures import Future
+from urllib.parse import quote
 
 import pytest
+import requests
+import responses
 
-from lich_control.ack import ANSWER_UNITS, MAX_BODY_BYTES, TRUNCATED, Ack, cut_answer
+from lich_control.acks import ANSWER_UNITS, MAX_BODY_BYTES, TRUNCATED, Ack, Acks, cut_answer
+from lich_control.bridge import CallResult, Turns
+from lich_control.config import Config
+from lich_control.lich import LichClient
+from lich_control.status import Activity
+
+TOKEN = "ack/tok+en&x=1"
+URL = f"http://127.0.0.1:4312/mod/acks?token={quote(TOKEN, safe='')}"
 
 
 def units(text):
@@ -81,3 +98,90 @@ def test_lone_surrogates_travel_as_json_escapes_in_valid_utf8():
     body.decode("utf-8")  # valid UTF-8
     assert b"\\udc80" in body
     assert json.loads(body)["answer"] == "a\udc80b"
+
+
+# -- sending ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def mocked():
+    with responses.RequestsMock() as rsps:
+        yield rsps
+
+
+@pytest.fixture
+def acks():
+    activity = Activity("s1", "fake", Turns())
+    activity.received("m1", "abort")
+    acks = Acks(lambda: LichClient(Config(port=4312, token=TOKEN, session_id="s1", run_dir="/tmp/x")), activity)
+    yield acks, activity
+    acks.stop(5)
+
+
+def test_an_ack_lich_takes_is_sent_once_and_recorded_as_sent(mocked, acks, caplog):
+    acks, activity = acks
+    mocked.post(URL, status=204)
+    caplog.set_level(logging.INFO, logger="lich_control")
+    assert acks.send(Ack("s1", "m1", "abort", ok=False, error="no turn is running")) is True
+    assert len(mocked.calls) == 1
+    recent = activity.snapshot()["recent"][-1]
+    assert (recent["id"], recent["ok"], recent["error"], recent["ack"]) == ("m1", False, "no turn is running", "sent")
+    assert "acked m1 (abort): failed: no turn is running" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "status, body, said",
+    [
+        (400, "unknown kind: rewind", "lich refused the ack for m1 (abort): lich refused it: 400 unknown kind: rewind"),
+        (503, "busy", "dropped the ack for m1 (abort): lich refused it: 503 busy"),
+        (None, requests.ConnectionError(f"Max retries exceeded with url: /mod/acks?token={quote(TOKEN, safe='')}"), "dropped the ack for m1 (abort): the exchange with lich failed"),
+    ],
+    ids=["refused", "5xx", "connection-error"],
+)
+def test_an_ack_that_does_not_land_is_dropped_not_retried_and_says_why(mocked, acks, caplog, status, body, said):
+    acks, activity = acks
+    mocked.post(URL, body=body, **({"status": status} if status else {}))
+    assert acks.send(Ack("s1", "m1", "abort", ok=True)) is False
+    assert len(mocked.calls) == 1
+    snapshot = activity.snapshot()
+    assert snapshot["recent"][-1]["ack"] == "dropped" and snapshot["counts"]["abort"]["unsent"] == 1
+    assert said in caplog.text
+    for text in (caplog.text, json.dumps(snapshot)):
+        assert TOKEN not in text and quote(TOKEN, safe="") not in text
+
+
+def test_an_ack_over_the_limit_even_cut_is_dropped_unsent(mocked, acks):
+    acks, activity = acks
+    assert acks.send(Ack("s1", "x" * MAX_BODY_BYTES, "abort", ok=True)) is False
+    assert len(mocked.calls) == 0
+
+
+def test_an_ack_sent_when_done_goes_from_a_pool_thread_once_the_call_settles(mocked, acks):
+    acks, _ = acks
+    mocked.post(URL, status=204)
+    senders = []
+    future = Future()
+    acks.send_when_done(future, lambda result: senders.append(threading.current_thread().name) or Ack("s1", "m1", "prompt", ok=result.ok))
+    assert len(mocked.calls) == 0  # not before it settles
+    future.set_result(CallResult.answered(None))
+    assert acks.stop(5)  # what was handed on before the stop goes
+    assert len(mocked.calls) == 1 and json.loads(mocked.calls[0].request.body)["id"] == "m1"
+    assert senders[0].startswith("lich-ack") and senders[0] != threading.current_thread().name
+
+
+def test_a_call_that_settles_after_stop_is_not_acked(mocked, acks):
+    acks, _ = acks
+    future = Future()
+    acks.send_when_done(future, lambda result: Ack("s1", "m1", "prompt", ok=True))
+    assert acks.stop(5)
+    future.set_result(CallResult.answered(None))
+    assert len(mocked.calls) == 0
+
+
+def test_an_ack_whose_making_fails_is_lost_out_loud(acks, caplog):
+    acks, _ = acks
+    future = Future()
+    acks.send_when_done(future, lambda result: 1 / 0)
+    future.set_result(CallResult.answered(None))
+    assert acks.stop(5)
+    assert "an ack was lost" in caplog.text and "ZeroDivisionError" in caplog.text

@@ -1,10 +1,13 @@
 import io
 import json
+import logging
+import threading
 
 import pytest
 
-from lich_control.bridge import BadMessage, Bridge
-from lich_control.engine import Overrides, Turns
+from lich_control.bridge import BadMessage, Bridge, CallResult, PendingCalls, Turns
+
+WAIT = 5.0
 
 
 class Out(io.BytesIO):
@@ -20,47 +23,69 @@ class BrokenOut:
         pass
 
 
+class StuckOut:
+    """A stdout nobody reads: each write blocks until released."""
+
+    def __init__(self):
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, data):
+        self.entered.set()
+        self.release.wait(WAIT)
+
+    def flush(self):
+        pass
+
+
+class Clock:
+    """The deadline thread's time, set by the test; counts that thread's looks."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.looks = 0
+        self.looked = threading.Event()
+
+    def __call__(self):
+        if threading.current_thread().name == "lich-call-deadlines":
+            self.looks += 1
+            self.looked.set()
+        return self.now
+
+
 @pytest.fixture
 def wire():
     out, turns, broken = Out(), Turns(), []
-    return Bridge(out, turns, on_broken=broken.append), out, turns, broken
+    bridge = Bridge(out, turns, on_broken=broken.append)
+    yield bridge, out, turns, broken
+    bridge.close("the test is over")
 
 
-def test_each_engine_call_is_one_json_line_in_the_bridge_shape(wire):
+def test_the_hello_and_each_call_are_one_json_line_in_the_bridge_shape(wire):
     bridge, out, _, _ = wire
-    bridge.submit_prompt("run the tests")
-    bridge.submit_prompt("<task-notification>…", as_user=True)
-    bridge.abort_turn("t1")
-    bridge.run_command("compact", "keep the test plan")
-    bridge.run_command("clear", None)
-    bridge.fork("<preamble>Question: q")
-    bridge.set_overrides(Overrides("claude-opus-4-1", None))
-    assert out.lines() == [
+    bridge.hello("/run/x/s1.sock")
+    bridge.call("prompt.submit", {"text": "run the tests"}, None)
+    bridge.call("turn.abort", {"turnId": "t1"}, 10)
+    hello, *calls = out.lines()
+    assert (hello["op"], hello["protocol"], hello["socket"]) == ("hello", 1, "/run/x/s1.sock")
+    assert set(hello) == {"op", "protocol", "pid", "socket", "version"}
+    assert calls == [
         {"op": "call", "id": "c1", "method": "prompt.submit", "args": {"text": "run the tests"}},
-        {"op": "call", "id": "c2", "method": "prompt.submit", "args": {"text": "<task-notification>…", "asUser": True}},
-        {"op": "call", "id": "c3", "method": "turn.abort", "args": {"turnId": "t1"}},
-        {"op": "call", "id": "c4", "method": "command.run", "args": {"command": "compact", "args": "keep the test plan"}},
-        {"op": "call", "id": "c5", "method": "command.run", "args": {"command": "clear"}},
-        {"op": "call", "id": "c6", "method": "model.fork", "args": {"prompt": "<preamble>Question: q"}},
-        {"op": "call", "id": "c7", "method": "overrides.set", "args": {"model": "claude-opus-4-1", "effort": None}},
+        {"op": "call", "id": "c2", "method": "turn.abort", "args": {"turnId": "t1"}},
     ]
 
 
 def test_a_result_settles_the_call_it_names_in_any_order(wire):
     bridge, _, _, _ = wire
-    first, second = bridge.submit_prompt("a"), bridge.fork("b")
+    first, second = bridge.call("prompt.submit", {"text": "a"}, None), bridge.call("model.fork", {"prompt": "b"}, 300)
     bridge.result({"id": "c2", "ok": True, "value": {"isAnswered": True, "text": "x"}})
     assert second.done() and not first.done()
     bridge.result({"id": "c1", "ok": False, "error": "dropped"})
-    assert (first.result().ok, first.result().error) == (False, "dropped")
-    assert second.result().value == {"isAnswered": True, "text": "x"}
-
-
-def test_a_result_with_no_value_is_null(wire):
-    bridge, _, _, _ = wire
-    future = bridge.abort_turn("t1")
-    bridge.result({"id": "c1", "ok": True})
-    assert future.result().ok and future.result().value is None
+    assert first.result() == CallResult.failed("dropped")
+    assert second.result() == CallResult.answered({"isAnswered": True, "text": "x"})
+    third = bridge.call("turn.abort", {"turnId": "t1"}, 10)
+    bridge.result({"id": "c3", "ok": True})
+    assert third.result() == CallResult.answered(None)  # no value is null
 
 
 @pytest.mark.parametrize(
@@ -80,20 +105,19 @@ def test_a_result_of_the_wrong_shape_is_refused_with_a_reason(wire, doc, reason)
         bridge.result(doc)
 
 
-def test_an_unknown_call_id_is_ignored(wire):
+def test_a_result_for_no_call_waiting_is_ignored(wire, caplog):
     bridge, _, _, _ = wire
-    waiting = bridge.submit_prompt("x")  # c1
-    bridge.result({"id": "c404", "ok": True, "value": None})
-    assert not waiting.done()  # it settled nothing
-    bridge.result({"id": "c1", "ok": True, "value": {"text": "x"}})
-    assert waiting.result(0).value == {"text": "x"}
+    waiting = bridge.call("prompt.submit", {"text": "x"}, None)
+    with caplog.at_level(logging.INFO, logger="lich_control.bridge"):
+        bridge.result({"id": "c404", "ok": True, "value": None})
+    assert not waiting.done() and "a result for c404, which is no call waiting here; ignored" in caplog.text
 
 
-def test_events_move_the_recorded_turn(wire):
+def test_events_move_the_recorded_turn_and_an_unknown_one_is_ignored(wire):
     bridge, _, turns, _ = wire
     bridge.event({"event": "turn.start", "turnId": "t1"})
-    assert turns.current == "t1"
     bridge.event({"event": "turn.complete", "turnId": "sub-1"})
+    bridge.event({"event": "turn.pause", "turnId": "t1"})
     assert turns.current == "t1"
     bridge.event({"event": "turn.complete", "turnId": "t1"})
     assert turns.current is None
@@ -114,33 +138,97 @@ def test_an_event_of_the_wrong_shape_is_refused(wire, doc, reason):
         bridge.event(doc)
 
 
-def test_an_unknown_event_is_ignored(wire):
-    bridge, _, turns, _ = wire
-    bridge.event({"event": "turn.pause", "turnId": "t1"})
-    assert turns.current is None
-
-
 def test_a_broken_stdout_fails_the_call_and_asks_the_daemon_to_stop():
     broken = []
     bridge = Bridge(BrokenOut(), Turns(), on_broken=broken.append)
-    future = bridge.submit_prompt("x")
-    assert future.result(timeout=1).ok is False
-    assert "the relay is gone" in future.result().error
+    future = bridge.call("prompt.submit", {"text": "x"}, None)
+    assert future.result(0) == CallResult.failed("the relay is gone (its end of the pipe closed)")
     assert broken == ["writing to stdout failed"]
-    later = bridge.fork("q")
-    assert later.result(timeout=1).error == future.result().error
+    assert bridge.call("model.fork", {"prompt": "q"}, 300).result(0) == future.result()
 
 
-def test_close_fails_every_waiting_call(wire):
-    bridge, _, _, _ = wire
-    waiting = [bridge.submit_prompt("a"), bridge.fork("b")]
-    bridge.close("the daemon is stopping")
-    assert [f.result(timeout=1).error for f in waiting] == ["the daemon is stopping"] * 2
-
-
-def test_the_hello_line(wire):
+def test_close_fails_every_waiting_call_and_every_later_one(wire):
     bridge, out, _, _ = wire
-    bridge.hello("/run/x/s1.sock")
-    (hello,) = out.lines()
-    assert hello["op"] == "hello" and hello["protocol"] == 1 and hello["socket"] == "/run/x/s1.sock"
-    assert set(hello) == {"op", "protocol", "pid", "socket", "version"}
+    waiting = [bridge.call("prompt.submit", {"text": "a"}, None), bridge.call("model.fork", {"prompt": "b"}, 300)]
+    bridge.close("the daemon is stopping")
+    later = bridge.call("command.run", {"command": "clear"}, None)
+    assert [f.result(0).error for f in waiting + [later]] == ["the daemon is stopping"] * 3
+    assert len(out.lines()) == 2  # the later call was never written
+
+
+def test_a_stdout_nobody_reads_holds_back_neither_close_nor_a_deadline():
+    out = StuckOut()
+    bridge = Bridge(out, Turns(), on_broken=lambda why: None)
+    box = []
+    writer = threading.Thread(target=lambda: box.append(bridge.call("turn.abort", {"turnId": "t1"}, 0.01)), daemon=True)
+    writer.start()
+    try:
+        assert out.entered.wait(WAIT)
+        closer = threading.Thread(target=bridge.close, args=("the daemon is stopping",), daemon=True)
+        closer.start()
+        closer.join(WAIT)
+        assert not closer.is_alive()
+    finally:
+        out.release.set()
+        writer.join(WAIT)
+    assert box[0].result(0).ok is False
+
+
+# -- the deadlines: PendingCalls ---------------------------------------------
+
+
+def test_a_call_fails_at_its_deadline_and_not_before():
+    clock = Clock()
+    calls = PendingCalls(clock)
+    _, abort = calls.add("turn.abort", 10)
+    _, prompt = calls.add("prompt.submit", None)
+    clock.now = 9.9
+    _, barrier = calls.add("barrier", 0)  # now the earliest: it wakes the thread
+    assert barrier.result(WAIT) == CallResult.failed("barrier did not answer within 0 s")
+    assert not abort.done()
+    clock.now = 10.0
+    calls.add("barrier", 0)[1].result(WAIT)  # falls after the abort's
+    assert abort.result(0) == CallResult.failed("turn.abort did not answer within 10 s")
+    assert not prompt.done()  # no deadline
+    calls.close("the test is over")
+
+
+def test_a_late_result_is_ignored_and_the_call_forgotten():
+    calls = PendingCalls()
+    call_id, fork = calls.add("model.fork", 0)
+    assert fork.result(WAIT).error == "model.fork did not answer within 0 s"
+    assert calls.settle(call_id, CallResult.answered("late")) is False
+    assert fork.result() == CallResult.failed("model.fork did not answer within 0 s")
+    calls.close("the test is over")
+
+
+def test_a_result_racing_the_deadline_settles_the_call_once(caplog):
+    calls = PendingCalls()
+    done = []
+    races = []
+    for _ in range(300):
+        call_id, future = calls.add("turn.abort", 0)  # due at once: the thread races the result
+        future.add_done_callback(done.append)
+        races.append((calls.settle(call_id, CallResult.answered(None)), future))
+    calls.add("barrier", 0)[1].result(WAIT)  # due after all of them
+    assert len(done) == 300
+    assert all(won == future.result(0).ok for won, future in races)
+    assert "failed" not in caplog.text  # no second settle was tried
+    calls.close("the test is over")
+
+
+def test_one_thread_keeps_every_deadline_and_only_the_earliest_wakes_it():
+    clock = Clock()
+    calls = PendingCalls(clock)
+    threads = lambda: sum(t.name == "lich-call-deadlines" for t in threading.enumerate())  # noqa: E731
+    before = threads()
+    try:
+        calls.add("model.fork", 300)
+        assert clock.looked.wait(WAIT)
+        for _ in range(50):  # later deadlines, some answered at once
+            call_id, _ = calls.add("model.fork", 600)
+            calls.settle(call_id, CallResult.answered(None))
+        assert clock.looks == 1
+        assert threads() == before + 1
+    finally:
+        calls.close("the test is over")

@@ -13,12 +13,12 @@ import threading
 import weakref
 
 from lich_control import logs
-from lich_control.asks import Asks
-from lich_control.bridge import Bridge
+from lich_control.acks import Acks
+from lich_control.bridge import Bridge, Turns
 from lich_control.commands import Command
 from lich_dev import procs
-from lich_control.engine import Turns
 from lich_control.status import Activity
+from lich_control.worker import Asks
 
 from fakes import ScriptedClient, StdoutCalls
 
@@ -108,7 +108,9 @@ def test_an_answered_ask_is_let_go_at_once_not_kept_until_its_deadline():
     stdout = StdoutCalls(WAIT)
     bridge = Bridge(stdout, Turns(), on_broken=lambda why: None)
     client = ScriptedClient()
-    asks = Asks(bridge, lambda: client, Activity("s1", "relay", Turns()), "s1")
+    activity = Activity("s1", "relay", Turns())
+    acks = Acks(lambda: client, activity)
+    asks = Asks(bridge, acks, activity, "s1")
     try:
         hanging, command = map(Command.from_json, [{"id": "h1", "kind": "ask", "question": "hang?"}, {"id": "a1", "kind": "ask", "question": "x" * 100_000}])
         asks.submit(hanging)  # its deadline first in line, the answered one's behind it
@@ -121,6 +123,7 @@ def test_an_answered_ask_is_let_go_at_once_not_kept_until_its_deadline():
         (ack,) = client.wait_acks(1)
         assert (ack.id, ack.ok) == ("a1", True)
         asks._pool.shutdown(wait=True)  # the ack's job is over: nothing of it on a thread's stack
+        acks._pool.shutdown(wait=True)
         gc.collect()
         assert kept() is None
     finally:

@@ -18,7 +18,7 @@ from conftest import SCAN_TOKEN
 from lich_control import logs
 from lich_dev.faults import AckAnswer, Answer
 from lich_dev.procs import ROOT, daemon_env
-from lich_control.engine import Overrides, Turns
+from lich_control.bridge import Overrides, Turns
 from lich_control.status import Activity
 from lich_control.unix_socket import unix_request
 

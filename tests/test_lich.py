@@ -20,7 +20,7 @@ import urllib3
 from conftest import SCAN_TOKEN
 from fakes import RawAnswer
 from lich_control import CONTRACT_RELEASE, __version__, lich
-from lich_control.ack import Ack
+from lich_control.acks import Ack
 from lich_control.config import Config
 from lich_control.lich import MAX_ACK_ANSWER, MAX_POLL_BODY, AckFailed, ExchangeTimeouts, LichClient, LichGone, PollFailed, listener_uid
 from lich_dev.lich import AckAnswer, Answer, StubLich

@@ -18,7 +18,7 @@ from conftest import SCAN_TOKEN
 from fakes import ScriptedClient
 from lich_control.commands import MAX_VALUES
 from lich_control.config import Config
-from lich_control.engine import Turns
+from lich_control.bridge import Turns
 from lich_control.lich import MAX_POLL_BODY, LichClient
 from lich_control.poller import MAX_ITEMS, Backoff, Poller
 from lich_control.status import Activity

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from lich_control.engine import Overrides, Turns
+from lich_control.bridge import Turns
 from lich_dev.sim import DEFAULT_EFFORT, DEFAULT_MODEL, FORK_FAILURES, SimEngine
 
 LONG = 60.0
@@ -41,6 +41,26 @@ class Lines:
             return next(i for i, line in enumerate(self.lines) if text in line)
 
 
+def prompt(engine, text, as_user=False):
+    return engine.call("prompt.submit", {"text": text, "asUser": True} if as_user else {"text": text}, None)
+
+
+def abort(engine, turn_id):
+    return engine.call("turn.abort", {"turnId": turn_id}, 10)
+
+
+def command(engine, name, args=None):
+    return engine.call("command.run", {"command": name} if args is None else {"command": name, "args": args}, None)
+
+
+def overrides(engine, model=None, effort=None):
+    return engine.call("overrides.set", {"model": model, "effort": effort}, 10)
+
+
+def fork(engine, prompt_text):
+    return engine.call("model.fork", {"prompt": prompt_text}, 300)
+
+
 @pytest.fixture
 def make():
     engines = []
@@ -58,18 +78,18 @@ def make():
 
 def test_a_prompt_starts_its_turn_at_once_when_idle(make):
     engine, turns, lines = make()
-    result = engine.submit_prompt("run the tests").result(WAIT)
+    result = prompt(engine, "run the tests").result(WAIT)
     assert result.ok and result.value == {"text": "run the tests"}
     assert turns.current == "t1"
 
 
 def test_a_second_prompt_starts_only_once_the_running_turn_ends(make):
     engine, turns, lines = make()
-    engine.submit_prompt("first").result(WAIT)
-    second = engine.submit_prompt("second")
+    prompt(engine, "first").result(WAIT)
+    second = prompt(engine, "second")
     lines.wait_for("prompt waits for turn t1 to end")
     assert not second.done()
-    assert engine.abort_turn("t1").result(WAIT).ok
+    assert abort(engine, "t1").result(WAIT).ok
     assert second.result(WAIT).ok
     assert turns.current == "t2"
     assert lines.index("turn t1 aborted") < lines.index("turn t2 started")
@@ -77,63 +97,63 @@ def test_a_second_prompt_starts_only_once_the_running_turn_ends(make):
 
 def test_a_slash_command_runs_only_once_the_session_is_idle(make):
     engine, turns, lines = make()
-    engine.submit_prompt("busy").result(WAIT)
-    command = engine.run_command("compact", "keep the plan")
+    prompt(engine, "busy").result(WAIT)
+    waiting = command(engine, "compact", "keep the plan")
     lines.wait_for("command waits for turn t1 to end")
-    assert not command.done()
-    engine.abort_turn("t1").result(WAIT)
-    assert command.result(WAIT).ok
+    assert not waiting.done()
+    abort(engine, "t1").result(WAIT)
+    assert waiting.result(WAIT).ok
     assert lines.index("turn t1 aborted") < lines.index("ran /compact keep the plan")
 
 
 def test_a_slash_command_named_fail_is_rejected(make):
     engine, _, _ = make()
-    result = engine.run_command("fail", None).result(WAIT)
+    result = command(engine, "fail", None).result(WAIT)
     assert not result.ok and result.error == "unknown command /fail"
 
 
 def test_an_abort_naming_another_turn_is_rejected_and_leaves_the_turn_running(make):
     engine, turns, _ = make()
-    engine.submit_prompt("busy").result(WAIT)
-    result = engine.abort_turn("t9").result(WAIT)
+    prompt(engine, "busy").result(WAIT)
+    result = abort(engine, "t9").result(WAIT)
     assert not result.ok and "t9 is not the running turn" in result.error
     assert turns.current == "t1"
 
 
 def test_an_abort_with_no_turn_is_rejected(make):
     engine, _, _ = make()
-    result = engine.abort_turn("t1").result(WAIT)
+    result = abort(engine, "t1").result(WAIT)
     assert not result.ok and "running: none" in result.error
 
 
 def test_an_abort_settles_when_the_turn_has_ended(make):
     engine, turns, lines = make()
-    engine.submit_prompt("busy").result(WAIT)
-    assert engine.abort_turn("t1").result(WAIT).ok
+    prompt(engine, "busy").result(WAIT)
+    assert abort(engine, "t1").result(WAIT).ok
     assert turns.current is None
     lines.wait_for("turn t1 aborted")
 
 
 def test_a_prompt_starting_drop_is_dropped_with_its_reason(make):
     engine, turns, _ = make()
-    result = engine.submit_prompt("drop: a plugin said no").result(WAIT)
+    result = prompt(engine, "drop: a plugin said no").result(WAIT)
     assert result.ok and result.value == {"drop": "a plugin said no"}
     assert turns.current is None
 
 
 def test_a_notification_prompt_is_reported_as_the_users(make):
     engine, _, lines = make()
-    engine.submit_prompt("<task-notification>…", as_user=True).result(WAIT)
+    prompt(engine, "<task-notification>…", as_user=True).result(WAIT)
     lines.wait_for("as the user, a task notification")
 
 
 def test_every_request_is_recorded_with_the_overrides_in_force(make):
     engine, _, lines = make(turn_seconds=0.0, steps=3)
-    engine.set_overrides(Overrides(model="m-x", effort="high")).result(WAIT)
-    engine.submit_prompt("one").result(WAIT)
+    overrides(engine, "m-x", "high").result(WAIT)
+    prompt(engine, "one").result(WAIT)
     lines.wait_for("turn t1 answered")
-    engine.set_overrides(Overrides()).result(WAIT)
-    engine.submit_prompt("two").result(WAIT)
+    overrides(engine).result(WAIT)
+    prompt(engine, "two").result(WAIT)
     lines.wait_for("turn t2 answered")
     assert engine.steps_sent == [
         {"turn": "t1", "index": 0, "model": "m-x", "effort": "high"},
@@ -147,8 +167,8 @@ def test_every_request_is_recorded_with_the_overrides_in_force(make):
 
 def test_a_fork_answers_beside_the_running_turn(make):
     engine, turns, _ = make()
-    engine.submit_prompt("write the changelog").result(WAIT)
-    result = engine.fork("preamble\n\nQuestion: what now?").result(WAIT)
+    prompt(engine, "write the changelog").result(WAIT)
+    result = fork(engine, "preamble\n\nQuestion: what now?").result(WAIT)
     assert result.ok and result.value["isAnswered"] is True
     assert "turn t1" in result.value["text"]
     assert turns.current == "t1"  # the turn was not disturbed
@@ -157,26 +177,28 @@ def test_a_fork_answers_beside_the_running_turn(make):
 @pytest.mark.parametrize("reason", sorted(FORK_FAILURES))
 def test_a_fork_told_to_fail_fails_with_that_reason(make, reason):
     engine, _, _ = make()
-    result = engine.fork(f"Question: please fail:{reason}").result(WAIT)
+    result = fork(engine, f"Question: please fail:{reason}").result(WAIT)
     assert result.ok and result.value["isAnswered"] is False
     assert result.value["reason"] == reason
 
 
 def test_close_fails_what_waits_and_what_comes_after(make):
     engine, _, _ = make()
-    engine.submit_prompt("busy").result(WAIT)
-    waiting = engine.submit_prompt("behind it")
+    prompt(engine, "busy").result(WAIT)
+    waiting = prompt(engine, "behind it")
     engine.close("the daemon is stopping")
     assert waiting.result(WAIT).error == "the daemon is stopping"
-    assert engine.run_command("clear", None).result(WAIT).error == "the daemon is stopping"
+    assert command(engine, "clear").result(WAIT).error == "the daemon is stopping"
 
 
 
-def test_a_closed_session_fails_every_call_at_once():
-    from lich_control.engine import Overrides, Turns
-    from lich_dev.sim import SimEngine
-
-    engine = SimEngine(Turns(), turn_seconds=0.1, steps=1, fork_seconds=0.01)
+def test_a_closed_session_fails_every_call_at_once(make):
+    engine, _, _ = make()
     engine.close("the daemon is stopping")
-    futures = [engine.abort_turn("t1"), engine.fork("q"), engine.set_overrides(Overrides("m", None)), engine.submit_prompt("p"), engine.run_command("c", None)]
+    futures = [abort(engine, "t1"), fork(engine, "q"), overrides(engine, "m"), prompt(engine, "p"), command(engine, "c")]
     assert [f.result(timeout=1).error for f in futures] == ["the daemon is stopping"] * 5
+
+
+def test_a_method_it_does_not_have_is_rejected(make):
+    engine, _, _ = make()
+    assert engine.call("turn.rewind", {}, None).result(WAIT).error == "this session has no method turn.rewind"

@@ -3,7 +3,7 @@ from the clock at the moment it describes, and reported as an age."""
 from freezegun import freeze_time
 
 from lich_control import CONTRACT_RELEASE, __version__
-from lich_control.engine import Overrides, Turns
+from lich_control.bridge import Overrides, Turns
 from lich_control.status import Activity
 
 

@@ -1,43 +1,43 @@
+import logging
+
 import pytest
 
-from lich_control.acker import Acker
+from lich_control.acks import Acks
+from lich_control.bridge import Bridge, CallResult, Overrides, Turns
+from lich_control.commands import Command, Notification
 from lich_control.status import Activity
-from lich_control.asks import Asks, fork_ack
-from lich_control.commands import Command
-from lich_control.engine import CallResult, Overrides, Turns
-from lich_control.worker import Worker
+from lich_control.worker import QUICK_TIMEOUT, Asks, Worker, fork_ack
 
-from fakes import FakeEngine, ScriptedClient, Timeline, refused
+from fakes import FakeEngine, ScriptedClient, StdoutCalls, Timeline, refused
+
+WAIT = 5.0
 
 
 class Rig:
-    def __init__(self, ack_errors=(), quick_timeout=5.0, activity=Activity, engine=FakeEngine):
+    def __init__(self, ack_errors=(), quick_timeout=QUICK_TIMEOUT, activity=Activity, engine=None):
         self.timeline = Timeline()  # the engine's calls and the acks, in one order
-        self.engine = engine(self.timeline)
+        self.engine = engine or FakeEngine(self.timeline)
         self.client = ScriptedClient(ack_errors=ack_errors, timeline=self.timeline)
         self.turns = Turns()
         self.activity = activity("s1", "fake", self.turns)
-        factory = lambda: self.client  # noqa: E731
-        self.acker = Acker(factory, self.activity)
-        self.worker = Worker(self.engine, self.turns, self.acker, factory, self.activity, "s1", quick_timeout=quick_timeout)
-        self.asks = Asks(self.engine, factory, self.activity, "s1", size=4)
-        self.acker.start()
+        self.acks = Acks(lambda: self.client, self.activity)
+        self.worker = Worker(self.engine, self.turns, self.acks, self.activity, "s1", quick_timeout=quick_timeout)
+        self.asks = Asks(self.engine, self.acks, self.activity, "s1", timeout=300)
         self.worker.start()
 
-    def send(self, *items):
-        for command in map(Command.from_json, items):
+    def send(self, *commands):
+        for command in commands:
             self.activity.received(command.id, command.kind)
             (self.asks.submit if command.kind == "ask" and command.problem is None else self.worker.submit)(command)
 
-    def acks(self, n):
+    def acks_sent(self, n):
         return [(a.id, a.ok, a.error) for a in self.client.wait_acks(n)]
 
     def close(self):
-        for _, _, future in self.engine.calls:  # pool threads are joined at exit
-            if not future.done():
-                future.set_result(CallResult.failed("the test is over"))
         self.asks.stop()
-        assert self.worker.stop(5) and self.acker.stop(5)
+        self.engine.close("the test is over")  # an awaited call left unanswered ends here
+        assert self.worker.stop(WAIT)
+        assert self.acks.stop(WAIT)
 
 
 @pytest.fixture
@@ -47,61 +47,65 @@ def rig():
     r.close()
 
 
-def test_a_prompt_is_submitted_and_acked_when_its_turn_starts(rig):
-    rig.send({"id": "m1", "kind": "prompt", "text": "run the tests"})
-    (call,) = rig.engine.wait_calls(1)
-    assert call[:2] == ("prompt.submit", ("run the tests", False))
+def prompt(cid="m1", text="run the tests", **kw):
+    return Command(id=cid, kind="prompt", text=text, **kw)
+
+
+def rewind(cid):
+    return Command(id=cid, kind="rewind", problem="unknown kind")
+
+
+# -- the ordered commands ----------------------------------------------------------
+
+
+def test_a_prompt_is_submitted_and_acked_from_the_pool_once_its_turn_starts(rig):
+    rig.send(prompt())
+    assert rig.engine.wait_calls(1) == [("prompt.submit", {"text": "run the tests"}, None)]  # no deadline
     assert rig.client.acks == []  # not before the session answers
     rig.engine.settle(0, {"text": "run the tests"})
-    assert rig.acks(1) == [("m1", True, None)]
+    assert rig.acks_sent(1) == [("m1", True, None)]
+    assert rig.timeline.entries[-1][0].startswith("lich-ack")
 
 
 def test_a_notification_prompt_goes_as_the_user_in_the_task_notification_shape(rig):
-    rig.send({"id": "m11", "kind": "prompt", "text": "t", "notification": {"status": "waiting", "summary": "a<b"}})
+    rig.send(prompt("m11", "t", notification=Notification(status="waiting", summary="a<b")))
     (call,) = rig.engine.wait_calls(1)
-    text, as_user = call[1]
-    assert as_user is True
-    assert text == "<task-notification>\n<status>waiting</status>\n<summary>a&lt;b</summary>\n<result>t</result>\n</task-notification>"
+    assert call[1] == {"text": "<task-notification>\n<status>waiting</status>\n<summary>a&lt;b</summary>\n<result>t</result>\n</task-notification>", "asUser": True}
 
 
 def test_a_dropped_prompt_acks_the_drop_reason(rig):
-    rig.send({"id": "m1", "kind": "prompt", "text": "x"})
+    rig.send(prompt())
     rig.engine.wait_calls(1)
     rig.engine.settle(0, {"drop": "a plugin dropped it"})
-    assert rig.acks(1) == [("m1", False, "a plugin dropped it")]
+    assert rig.acks_sent(1) == [("m1", False, "a plugin dropped it")]
 
 
-def test_a_rejected_call_acks_its_message_as_given(rig):
-    rig.send({"id": "m7", "kind": "command", "name": "compact", "args": "keep it"})
-    (call,) = rig.engine.wait_calls(1)
-    assert call[:2] == ("command.run", ("compact", "keep it"))
+def test_a_slash_command_passes_args_only_when_given_and_a_rejection_acks_its_message(rig):
+    rig.send(Command(id="m7", kind="command", name="compact", args="keep it"), Command(id="m8", kind="command", name="clear"))
+    calls = rig.engine.wait_calls(2)
+    assert [c[1] for c in calls] == [{"command": "compact", "args": "keep it"}, {"command": "clear"}]
     rig.engine.settle(0, error="no such command: compact")
-    assert rig.acks(1) == [("m7", False, "no such command: compact")]
+    assert rig.acks_sent(1) == [("m7", False, "no such command: compact")]
 
 
 def test_nothing_waits_on_a_prompt_or_slash_command(rig):
     rig.turns.started("t1")
-    rig.send(
-        {"id": "m1", "kind": "prompt", "text": "x"},
-        {"id": "m7", "kind": "command", "name": "compact"},
-        {"id": "m2", "kind": "abort"},
-    )
+    rig.send(prompt(), Command(id="m7", kind="command", name="compact"), Command(id="m2", kind="abort"))
     calls = rig.engine.wait_calls(3)
-    assert [c[0] for c in calls] == ["prompt.submit", "command.run", "turn.abort"]
-    assert calls[2][1] == ("t1",)  # the running turn, not the prompt's
+    assert calls[2] == ("turn.abort", {"turnId": "t1"}, QUICK_TIMEOUT)  # the running turn, not the prompt's
     rig.engine.settle(2)
-    assert rig.acks(1) == [("m2", True, None)]  # acked while the prompt still waits
+    assert rig.acks_sent(1) == [("m2", True, None)]  # acked while the prompt still waits
 
 
-def test_an_abort_with_no_turn_running_says_so(rig):
-    rig.send({"id": "m2", "kind": "abort"})
-    assert rig.acks(1) == [("m2", False, "no turn is running")]
+def test_an_abort_with_no_turn_running_says_so_without_a_call(rig):
+    rig.send(Command(id="m2", kind="abort"))
+    assert rig.acks_sent(1) == [("m2", False, "no turn is running")]
     assert rig.engine.calls == []
 
 
 def test_the_next_command_waits_for_the_abort_to_be_acked(rig):
     rig.turns.started("t1")
-    rig.send({"id": "m2", "kind": "abort"}, {"id": "m3", "kind": "model", "model": "opus"})
+    rig.send(Command(id="m2", kind="abort"), Command(id="m3", kind="model", model="opus"))
     rig.engine.wait_calls(1)
     rig.engine.settle(0)
     rig.engine.wait_calls(2)
@@ -113,142 +117,135 @@ def test_the_next_command_waits_for_the_abort_to_be_acked(rig):
 
 def test_model_and_effort_replace_one_override_each_and_absent_drops_it(rig):
     rig.send(
-        {"id": "m3", "kind": "model", "model": "claude-opus-4-1"},
-        {"id": "m5", "kind": "effort", "effort": "high"},
-        {"id": "m4", "kind": "model"},
-        {"id": "m6", "kind": "effort"},
+        Command(id="m3", kind="model", model="claude-opus-4-1"),
+        Command(id="m5", kind="effort", effort="high"),
+        Command(id="m4", kind="model"),
+        Command(id="m6", kind="effort"),
     )
     for i in range(4):
         rig.engine.wait_calls(i + 1)
         rig.engine.settle(i)
-    sent = [c[1][0] for c in rig.engine.wait_calls(4)]
-    assert sent == [
-        Overrides("claude-opus-4-1", None),
-        Overrides("claude-opus-4-1", "high"),
-        Overrides(None, "high"),
-        Overrides(None, None),
+    assert [c[1:] for c in rig.engine.calls] == [
+        ({"model": "claude-opus-4-1", "effort": None}, QUICK_TIMEOUT),
+        ({"model": "claude-opus-4-1", "effort": "high"}, QUICK_TIMEOUT),
+        ({"model": None, "effort": "high"}, QUICK_TIMEOUT),
+        ({"model": None, "effort": None}, QUICK_TIMEOUT),
     ]
-    assert [a[1] for a in rig.acks(4)] == [True] * 4
+    assert [a[1] for a in rig.acks_sent(4)] == [True] * 4
     assert rig.worker.overrides == Overrides()
 
 
 def test_an_override_the_relay_rejects_is_not_remembered(rig):
-    rig.send({"id": "m3", "kind": "model", "model": "opus"})
+    rig.send(Command(id="m3", kind="model", model="opus"))
     rig.engine.wait_calls(1)
     rig.engine.settle(0, error="relay says no")
-    assert rig.acks(1) == [("m3", False, "relay says no")]
+    assert rig.acks_sent(1) == [("m3", False, "relay says no")]
     assert rig.worker.overrides == Overrides()
 
 
-def test_an_unknown_effort_is_refused_without_a_call(rig):
-    rig.send({"id": "m5", "kind": "effort", "effort": "extreme"})
-    assert rig.acks(1) == [("m5", False, "unknown effort")]
+def test_an_awaited_call_past_its_deadline_is_acked_with_the_deadlines_error():
+    rig = Rig(quick_timeout=0.01)
+    try:
+        rig.send(Command(id="m3", kind="model", model="opus"))
+        assert rig.acks_sent(1) == [("m3", False, "overrides.set did not answer within 0.01 s")]
+        assert rig.worker.overrides == Overrides()
+    finally:
+        rig.close()
+
+
+def test_a_command_that_cannot_be_applied_is_acked_with_its_problem_and_its_kind(rig):
+    rig.send(Command(id="m5", kind="effort", problem="unknown effort"), rewind("m12"))
+    acks = rig.client.wait_acks(2)
+    assert [(a.kind, a.ok, a.error) for a in acks] == [("effort", False, "unknown effort"), ("rewind", False, "unknown kind")]
     assert rig.engine.calls == []
-
-
-def test_an_unknown_kind_is_acked_with_its_kind_echoed(rig):
-    rig.send({"id": "m12", "kind": "rewind"})
-    (ack,) = rig.client.wait_acks(1)
-    assert (ack.kind, ack.ok, ack.error) == ("rewind", False, "unknown kind")
 
 
 def test_an_ack_that_cannot_be_sent_is_dropped_and_the_next_command_runs():
     rig = Rig(ack_errors=[refused("400 bad"), None])
     try:
-        rig.send({"id": "m12", "kind": "rewind"}, {"id": "m13", "kind": "rewind"})
-        assert rig.acks(1) == [("m13", False, "unknown kind")]
-        counts = rig.activity.snapshot()["counts"]["rewind"]
-        assert counts == {"ok": 0, "failed": 2, "unsent": 1}
+        rig.send(rewind("m12"), rewind("m13"))
+        assert rig.acks_sent(1) == [("m13", False, "unknown kind")]
+        assert [what for _, what in rig.timeline.entries] == ["ack failed m12", "acked m13"]  # one attempt each
+        assert rig.activity.snapshot()["counts"]["rewind"] == {"ok": 0, "failed": 2, "unsent": 1}
     finally:
         rig.close()
 
 
-def test_an_ack_that_fails_unexpectedly_is_not_sent_twice_and_the_worker_lives():
-    rig = Rig(ack_errors=[RuntimeError("a bug in the client"), RuntimeError("and again")])
+def test_a_command_that_fails_unexpectedly_costs_itself_alone(caplog):
+    class Failing(Activity):
+        def waiting(self, cid, on):
+            if cid == "m12":
+                raise RuntimeError("on purpose")
+            super().waiting(cid, on)
+
+    rig = Rig(activity=Failing)
     try:
-        rig.send({"id": "m12", "kind": "rewind"}, {"id": "m13", "kind": "rewind"}, {"id": "m14", "kind": "rewind"})
-        assert rig.acks(1) == [("m14", False, "unknown kind")]
-        acks = [what for _, what in rig.timeline.entries if what.startswith("ack")]
-        assert acks == ["ack failed m12", "ack failed m13", "acked m14"]  # one attempt each
-        assert rig.activity.snapshot()["counts"]["rewind"]["unsent"] == 2
+        rig.send(rewind("m12"), rewind("m13"))
+        assert rig.acks_sent(1) == [("m13", False, "unknown kind")]
+        assert "the worker lost m12 (rewind)" in caplog.text and "RuntimeError: on purpose" in caplog.text
     finally:
         rig.close()
 
 
-def test_a_quick_call_that_never_answers_fails_with_a_clear_error():
-    rig = Rig(quick_timeout=0.05)
-    try:
-        rig.send({"id": "m3", "kind": "model", "model": "opus"})
-        assert rig.acks(1) == [("m3", False, "overrides.set did not answer within 0.05 s")]
-    finally:
-        rig.close()
-
-
-def test_asks_start_at_once_and_are_acked_when_they_answer(rig):
+def test_stop_starts_nothing_new_and_lets_the_ack_under_way_finish(rig):
     rig.turns.started("t1")
-    rig.send({"id": "a1", "kind": "ask", "question": "one?"}, {"id": "a2", "kind": "ask", "question": "two?"})
-    calls = rig.engine.wait_calls(2)
-    assert {c[0] for c in calls} == {"model.fork"}
-    assert all(c[1][0].endswith(("one?", "two?")) for c in calls)
-    second = next(i for i, c in enumerate(calls) if c[1][0].endswith("two?"))
-    rig.engine.settle(second, {"isAnswered": True, "text": "answer two"})
-    (ack,) = rig.client.wait_acks(1)
-    assert (ack.id, ack.ok, ack.answer) == ("a2", True, "answer two")
-
-
-def test_an_ask_does_not_hold_back_the_ordered_commands(rig):
-    rig.send({"id": "a1", "kind": "ask", "question": "q?"}, {"id": "m12", "kind": "rewind"})
-    assert rig.acks(1) == [("m12", False, "unknown kind")]
-
-
-@pytest.mark.parametrize(
-    "value, error",
-    [
-        ({"isAnswered": False, "reason": "nothing-to-fork"}, "nothing-to-fork"),
-        ({"isAnswered": False, "reason": "api-error", "status": 529, "error": "overloaded"}, "api-error 529 overloaded"),
-        ({"isAnswered": False, "reason": "api-error", "status": None, "error": "unknown"}, "api-error null unknown"),
-        ({"isAnswered": False, "reason": "empty-reply"}, "empty-reply"),
-        ({"isAnswered": False, "reason": "aborted"}, "aborted"),
-    ],
-)
-def test_a_fork_that_did_not_answer_acks_its_reason(value, error):
-    command = Command(id="m9", kind="ask", question="q")
-    ack = fork_ack("s1", command, CallResult.answered(value))
-    assert (ack.ok, ack.error, ack.answer) == (False, error, None)
-
-
-def test_a_rejected_fork_acks_the_rejection():
-    ack = fork_ack("s1", Command(id="m9", kind="ask", question="q"), CallResult.failed("no prompt"))
-    assert (ack.ok, ack.error) == (False, "no prompt")
-
-
-def test_stop_starts_nothing_new(rig):
-    rig.turns.started("t1")
-    rig.send({"id": "m2", "kind": "abort"}, {"id": "m3", "kind": "model", "model": "x"})
+    rig.send(Command(id="m2", kind="abort"), Command(id="m3", kind="model", model="x"))
     rig.engine.wait_calls(1)
     rig.worker._stopping.set()  # stop arrives while the abort is applied
     rig.engine.settle(0)
-    assert rig.worker.stop(5)
+    assert rig.worker.stop(WAIT)
     assert [c[0] for c in rig.engine.calls] == ["turn.abort"]
-    assert [a.id for a in rig.client.acks] == ["m2"]  # the ack under way finished
+    assert [a.id for a in rig.client.acks] == ["m2"]
 
 
-def test_asks_beyond_the_pool_size_start_at_once_and_hold_nothing_back():
-    rig = Rig()
-    rig.asks.stop()
-    rig.asks = Asks(rig.engine, lambda: rig.client, rig.activity, "s1", size=2)
+# -- asks ----------------------------------------------------------------------------
+
+
+def ask(cid, question):
+    return Command(id=cid, kind="ask", question=question)
+
+
+def test_asks_start_at_once_beyond_the_pool_and_each_is_acked_when_it_answers(rig):
+    rig.send(*[ask(f"h{i}", f"hang {i}?") for i in range(10)], ask("a1", "quick?"), rewind("m12"))
+    assert rig.acks_sent(1) == [("m12", False, "unknown kind")]  # not held back by the asks
+    calls = rig.engine.wait_calls(11)  # a fork in flight holds no thread: all started, none answered
+    assert {c[0] for c in calls} == {"model.fork"} and {c[2] for c in calls} == {300}
+    quick = next(i for i, c in enumerate(calls) if c[1]["prompt"].endswith("quick?"))
+    rig.engine.settle(quick, {"isAnswered": True, "text": "at once"})
+    ack = rig.client.wait_acks(2)[1]
+    assert (ack.id, ack.ok, ack.answer) == ("a1", True, "at once")
+
+
+def test_a_fork_past_its_deadline_is_acked_failed_once_and_its_late_answer_ignored(caplog):
+    stdout, client, activity = StdoutCalls(WAIT), ScriptedClient(), Activity("s1", "relay", Turns())
+    bridge = Bridge(stdout, Turns(), on_broken=lambda why: None)
+    acks = Acks(lambda: client, activity)
+    asks = Asks(bridge, acks, activity, "s1", timeout=0.01)
     try:
-        rig.send(
-            {"id": "a1", "kind": "ask", "question": "one?"},
-            {"id": "a2", "kind": "ask", "question": "two?"},
-            {"id": "a3", "kind": "ask", "question": "three?"},
-            {"id": "m12", "kind": "rewind"},
-        )
-        assert rig.acks(1) == [("m12", False, "unknown kind")]  # not held back by the asks
-        # A fork in flight holds no pool thread: the third starts with none answered.
-        calls = rig.engine.wait_calls(3)
-        assert calls[2][1][0].endswith("three?")
-        rig.engine.settle(2, {"isAnswered": True, "text": "third"})
-        assert rig.acks(2)[1] == ("a3", True, None)
+        asks.submit(ask("a1", "hang?"))
+        (ack,) = client.wait_acks(1)
+        assert (ack.id, ack.ok, ack.error) == ("a1", False, "model.fork did not answer within 0.01 s")
+        with caplog.at_level(logging.INFO, logger="lich_control.bridge"):
+            bridge.result({"id": stdout.wait(1)["id"], "ok": True, "value": {"isAnswered": True, "text": "late"}})
+        assert "which is no call waiting here; ignored" in caplog.text
     finally:
-        rig.close()
+        asks.stop()
+        assert acks.stop(WAIT)
+    assert [a.id for a in client.acks] == ["a1"]
+
+
+@pytest.mark.parametrize(
+    "result, ok, error, answer",
+    [
+        (CallResult.answered({"isAnswered": True, "text": "yes"}), True, None, "yes"),
+        (CallResult.answered({"isAnswered": False, "reason": "nothing-to-fork"}), False, "nothing-to-fork", None),
+        (CallResult.answered({"isAnswered": False, "reason": "api-error", "status": 529, "error": "overloaded"}), False, "api-error 529 overloaded", None),
+        (CallResult.answered({"isAnswered": False, "reason": "api-error", "status": None, "error": "unknown"}), False, "api-error null unknown", None),
+        (CallResult.answered({"isAnswered": False, "reason": "empty-reply"}), False, "empty-reply", None),
+        (CallResult.answered({"isAnswered": False, "reason": "aborted"}), False, "aborted", None),
+        (CallResult.failed("no prompt"), False, "no prompt", None),
+    ],
+)
+def test_a_forks_result_makes_the_asks_ack(result, ok, error, answer):
+    ack = fork_ack("s1", ask("m9", "q"), result)
+    assert (ack.kind, ack.ok, ack.error, ack.answer) == ("ask", ok, error, answer)

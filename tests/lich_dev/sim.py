@@ -20,15 +20,13 @@ from other threads reach it through the condition.
 from __future__ import annotations
 
 import collections
-import itertools
 import os
+import sys
 import threading
 import time
-from concurrent.futures import Future
-import sys
 from typing import Callable, Deque, List, Optional, Tuple
 
-from lich_control.engine import CallResult, Overrides, Turns, resolved
+from lich_control.bridge import CallResult, Overrides, PendingCalls, Turns
 
 DEFAULT_MODEL = "sim-model"
 DEFAULT_EFFORT = "medium"
@@ -45,11 +43,12 @@ class _Turn:
         self.id, self.text, self.steps = turn_id, text, steps
         self.step = 0
         self.next_at = 0.0
-        self.aborts: List[Future] = []
+        self.aborts: List[str] = []  # the ids of the calls waiting for its end
 
 
 class SimEngine:
-    name = "sim"
+    """The engine interface: each call's Future is `PendingCalls`', as the
+    bridge's are, so it settles once, by its deadline at the latest."""
 
     def __init__(
         self,
@@ -58,134 +57,121 @@ class SimEngine:
         turn_seconds: Optional[float] = None,
         steps: Optional[int] = None,
         fork_seconds: Optional[float] = None,
-        clock: Callable[[], float] = time.monotonic,
     ):
         self._turns = turns
         self._report = report
         self._turn_seconds = _env_float("LICH_SIM_TURN_SECONDS", 2.0) if turn_seconds is None else turn_seconds
         self._steps = int(_env_float("LICH_SIM_STEPS", 4)) if steps is None else steps
         self._fork_seconds = _env_float("LICH_SIM_FORK_SECONDS", 1.0) if fork_seconds is None else fork_seconds
-        self._clock = clock
+        self._calls = PendingCalls()
         self._cond = threading.Condition()
-        self._waiting: Deque[Tuple[str, tuple, Future]] = collections.deque()
+        self._waiting: Deque[Tuple[str, dict, str]] = collections.deque()
         self._turn: Optional[_Turn] = None
-        self._ids = itertools.count(1)
+        self._turn_count = 0
         self._overrides = Overrides()
-        self._closed: Optional[str] = None
+        self._closed = False
         self.steps_sent: List[dict] = []  # every model request, with what it was sent with
         self._thread = threading.Thread(target=self._run, name="lich-sim", daemon=True)
         self._thread.start()
 
-    # -- the Engine interface (any thread) --------------------------------
+    # -- the engine interface (any thread) --------------------------------
 
-    def submit_prompt(self, text: str, as_user: bool = False) -> "Future[CallResult]":
-        return self._enqueue("prompt", (text, as_user))
-
-    def run_command(self, name: str, args: Optional[str]) -> "Future[CallResult]":
-        return self._enqueue("command", (name, args))
-
-    def abort_turn(self, turn_id: str) -> "Future[CallResult]":
-        with self._cond:
-            if self._closed is not None:
-                return resolved(CallResult.failed(self._closed))
-            if self._turn is None or self._turn.id != turn_id:
-                running = self._turn.id if self._turn else "none"
-                return resolved(CallResult.failed(f"{turn_id} is not the running turn (running: {running})"))
-            future: "Future[CallResult]" = Future()
-            self._turn.aborts.append(future)
-            self._cond.notify()
+    def call(self, method: str, args: dict, timeout: Optional[float]):
+        call_id, future = self._calls.add(method, timeout)
+        if future.done():
+            return future  # closed
+        if method in ("prompt.submit", "command.run"):
+            self._enqueue(method, args, call_id)
+        elif method == "turn.abort":
+            self._abort(args["turnId"], call_id)
+        elif method == "overrides.set":
+            with self._cond:
+                self._overrides = Overrides(args["model"], args["effort"])
+            self._report(f"overrides now model={args['model'] or '(session)'} effort={args['effort'] or '(session)'}")
+            self._calls.settle(call_id, CallResult.answered(None))
+        elif method == "model.fork":
+            self._fork(args["prompt"], call_id)
+        else:
+            self._calls.settle(call_id, CallResult.failed(f"this session has no method {method}"))
         return future
 
-    def set_overrides(self, overrides: Overrides) -> "Future[CallResult]":
+    def close(self, reason: str) -> None:
         with self._cond:
-            if self._closed is not None:
-                return resolved(CallResult.failed(self._closed))
-            self._overrides = overrides
-        self._report(f"overrides now model={overrides.model or '(session)'} effort={overrides.effort or '(session)'}")
-        return resolved(CallResult.answered(None))
+            self._closed = True
+            self._cond.notify()
+        self._calls.close(reason)
 
-    def fork(self, prompt: str) -> "Future[CallResult]":
-        if self._closed is not None:
-            return resolved(CallResult.failed(self._closed))
-        future: "Future[CallResult]" = Future()
+    def _abort(self, turn_id: str, call_id: str) -> None:
+        with self._cond:
+            if self._turn is not None and self._turn.id == turn_id:
+                self._turn.aborts.append(call_id)  # settled as the turn ends
+                self._cond.notify()
+                return
+            running = self._turn.id if self._turn else "none"
+        self._calls.settle(call_id, CallResult.failed(f"{turn_id} is not the running turn (running: {running})"))
+
+    def _fork(self, prompt: str, call_id: str) -> None:
         failure = next((reason for reason in FORK_FAILURES if f"fail:{reason}" in prompt), None)
         question = prompt.rsplit("Question: ", 1)[-1]
         self._report(f"fork started for {_short(question)!r}")
 
         def answer() -> None:
-            if self._closed is not None:
-                future.set_result(CallResult.failed(self._closed))
-                return
             if failure is not None:
                 self._report(f"fork for {_short(question)!r} failed: {failure}")
-                future.set_result(CallResult.answered(FORK_FAILURES[failure]))
+                self._calls.settle(call_id, CallResult.answered(FORK_FAILURES[failure]))
                 return
             with self._cond:
                 doing = f"turn {self._turn.id} ({_short(self._turn.text)!r})" if self._turn else "nothing: the session is idle"
             self._report(f"fork answered {_short(question)!r}")
             text = f"(simulated) Right now I am working on {doing}."
-            future.set_result(CallResult.answered({"isAnswered": True, "text": text, "usage": {}}))
+            self._calls.settle(call_id, CallResult.answered({"isAnswered": True, "text": text, "usage": {}}))
 
         timer = threading.Timer(self._fork_seconds, answer)
         timer.daemon = True
         timer.start()
-        return future
 
-    def close(self, reason: str) -> None:
+    def _enqueue(self, method: str, args: dict, call_id: str) -> None:
         with self._cond:
-            self._closed = reason
-            waiting, self._waiting = list(self._waiting), collections.deque()
-            # The session's thread stops with the turn unfinished: an abort
-            # waiting on its end would otherwise never settle.
-            aborts = self._turn.aborts if self._turn is not None else []
-            self._cond.notify()
-        for future in [f for _, _, f in waiting] + aborts:
-            future.set_result(CallResult.failed(reason))
-
-    # -- the session's own thread ----------------------------------------
-
-    def _enqueue(self, kind: str, payload: tuple) -> "Future[CallResult]":
-        with self._cond:
-            if self._closed is not None:
-                return resolved(CallResult.failed(self._closed))
-            future: "Future[CallResult]" = Future()
-            self._waiting.append((kind, payload, future))
+            self._waiting.append((method, args, call_id))
             self._cond.notify()
             # Read under the lock: the session's thread may end the turn meanwhile.
             busy = self._turn.id if self._turn is not None else None
         if busy is not None:
+            kind = "prompt" if method == "prompt.submit" else "command"
             self._report(f"{kind} waits for turn {busy} to end")
-        return future
+
+    # -- the session's own thread ----------------------------------------
 
     def _run(self) -> None:
         with self._cond:
-            while self._closed is None:
+            while not self._closed:
                 if self._turn is not None:
                     self._advance(self._turn)
                 elif self._waiting:
-                    kind, payload, future = self._waiting.popleft()
-                    (self._start_turn if kind == "prompt" else self._run_command)(payload, future)
+                    method, args, call_id = self._waiting.popleft()
+                    (self._start_turn if method == "prompt.submit" else self._run_command)(args, call_id)
                 else:
                     self._cond.wait()
 
-    def _start_turn(self, payload: tuple, future: Future) -> None:
-        text, as_user = payload
+    def _start_turn(self, args: dict, call_id: str) -> None:
+        text = args["text"]
         if text.startswith("drop:"):
             reason = text[5:].strip() or "a plugin dropped it"
             self._report(f"prompt dropped: {reason}")
-            future.set_result(CallResult.answered({"drop": reason}))
+            self._calls.settle(call_id, CallResult.answered({"drop": reason}))
             return
-        turn = self._turn = _Turn(f"t{next(self._ids)}", text, max(1, self._steps))
-        turn.next_at = self._clock()
+        self._turn_count += 1
+        turn = self._turn = _Turn(f"t{self._turn_count}", text, max(1, self._steps))
+        turn.next_at = time.monotonic()
         self._turns.started(turn.id)
-        who = "as the user, a task notification" if as_user else "framed as the plugin's"
+        who = "as the user, a task notification" if args.get("asUser") else "framed as the plugin's"
         self._report(f"turn {turn.id} started ({who}): {_short(text)!r}")
-        future.set_result(CallResult.answered({"text": text}))
+        self._calls.settle(call_id, CallResult.answered({"text": text}))
 
     def _advance(self, turn: _Turn) -> None:
         if turn.aborts:
             return self._end(turn, "aborted")
-        wait = turn.next_at - self._clock()
+        wait = turn.next_at - time.monotonic()
         if wait > 0:
             self._cond.wait(wait)
             return
@@ -202,18 +188,18 @@ class SimEngine:
         self._turn = None
         self._turns.completed(turn.id)
         self._report(f"turn {turn.id} {how}")
-        for future in turn.aborts:
-            future.set_result(CallResult.answered(None))
+        for call_id in turn.aborts:
+            self._calls.settle(call_id, CallResult.answered(None))
 
-    def _run_command(self, payload: tuple, future: Future) -> None:
-        name, args = payload
-        line = f"/{name}" + (f" {args}" if args else "")
+    def _run_command(self, args: dict, call_id: str) -> None:
+        name, rest = args["command"], args.get("args")
+        line = f"/{name}" + (f" {rest}" if rest else "")
         if name == "fail":
             self._report(f"{line} rejected")
-            future.set_result(CallResult.failed(f"unknown command /{name}"))
+            self._calls.settle(call_id, CallResult.failed(f"unknown command /{name}"))
             return
         self._report(f"ran {line} (the session was idle)")
-        future.set_result(CallResult.answered({"text": f"ran {line}"}))
+        self._calls.settle(call_id, CallResult.answered({"text": f"ran {line}"}))
 
 
 def _env_float(name: str, default: float) -> float:

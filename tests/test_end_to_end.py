@@ -1,0 +1,242 @@
+"""End to end: the real daemon as a subprocess, over the real bridge (the
+test plays the relay: tests/relay.py) and real loopback HTTP to the
+development lich. One test per kind, the order rules, a lich restart, the
+404, the backoff once in real time, and a soak. Each unit's own rules are
+its unit test's; waits are condition waits with deadlines."""
+import collections
+import os
+import random
+
+from lich_bench.procfs import proc_status
+from lich_dev.lich import AckAnswer, Answer, StubLich
+
+from fakes import RawAnswer
+
+PROMPT = {"id": "m1", "kind": "prompt", "text": "run the tests"}
+REWIND = {"id": "m12", "kind": "rewind"}
+WAIT = 10.0
+
+
+def started(relay, lich, **kw):
+    r = relay(**kw)
+    r.wait_hello()
+    assert lich.wait_polled("s1", WAIT, parked=True)
+    return r
+
+
+def send(lich, *commands):
+    """Queue commands for the daemon's held poll, which carries them all."""
+    lich.queue_all("s1", list(commands))
+
+
+# -- one per kind --------------------------------------------------------------------
+
+
+def test_a_prompt_is_submitted_and_acked_once_its_turn_starts(relay, lich):
+    r = started(relay, lich)
+    send(lich, PROMPT)
+    call = r.next_call()
+    assert (call["method"], call["args"]) == ("prompt.submit", {"text": "run the tests"})
+    r.event("turn.start", "t1")
+    r.result(call["id"], {"text": "run the tests"})
+    assert lich.record.ack_for("m1") == {"session_id": "s1", "id": "m1", "kind": "prompt", "ok": True}
+
+
+def test_slash_commands_pass_args_only_when_given(relay, lich):
+    r = started(relay, lich)
+    send(lich, {"id": "m7", "kind": "command", "name": "compact", "args": "keep the test plan"}, {"id": "m8", "kind": "command", "name": "clear"})
+    first, second = r.next_call(), r.next_call()
+    assert first["args"] == {"command": "compact", "args": "keep the test plan"}
+    assert second["args"] == {"command": "clear"}
+    r.result(second["id"], {"text": ""})
+    r.result(first["id"], error="command failed: compact")
+    assert lich.record.ack_for("m8")["ok"] is True
+    assert lich.record.ack_for("m7")["error"] == "command failed: compact"
+
+
+def test_abort_ends_the_turn_turn_start_gave(relay, lich):
+    r = started(relay, lich)
+    r.event("turn.start", "t1")
+    send(lich, {"id": "m2", "kind": "abort"})
+    call = r.next_call()
+    assert (call["method"], call["args"]) == ("turn.abort", {"turnId": "t1"})
+    r.result(call["id"], None)
+    assert lich.record.ack_for("m2")["ok"] is True
+
+
+def test_model_and_effort_set_and_drop_both_overrides_at_once(relay, lich):
+    r = started(relay, lich)
+    send(lich, {"id": "m3", "kind": "model", "model": "claude-opus-4-1"}, {"id": "m5", "kind": "effort", "effort": "high"}, {"id": "m4", "kind": "model"}, {"id": "m6", "kind": "effort"})
+    seen = []
+    for _ in range(4):
+        call = r.next_call()
+        seen.append((call["method"], call["args"]))
+        r.result(call["id"], None)
+    assert seen == [
+        ("overrides.set", {"model": "claude-opus-4-1", "effort": None}),
+        ("overrides.set", {"model": "claude-opus-4-1", "effort": "high"}),
+        ("overrides.set", {"model": None, "effort": "high"}),
+        ("overrides.set", {"model": None, "effort": None}),
+    ]
+    assert [a.body["ok"] for a in lich.record.wait_acks(4)] == [True] * 4
+    assert r.status()["overrides"] == {"model": None, "effort": None}
+
+
+def test_an_ask_forks_behind_the_preamble_and_carries_the_answer(relay, lich):
+    r = started(relay, lich)
+    send(lich, {"id": "m9", "kind": "ask", "question": "what are you working on?"})
+    call = r.next_call()
+    assert call["method"] == "model.fork"
+    assert call["args"]["prompt"].endswith("what are you working on?")
+    assert "side question" in call["args"]["prompt"]
+    r.result(call["id"], {"isAnswered": True, "text": "Fixing the login test.", "usage": {}})
+    assert lich.record.ack_for("m9") == {"session_id": "s1", "id": "m9", "kind": "ask", "ok": True, "answer": "Fixing the login test."}
+
+
+def test_a_long_answer_is_cut_and_the_ack_stays_under_64_kib(relay, lich):
+    r = started(relay, lich)
+    send(lich, {"id": "m9", "kind": "ask", "question": "everything?"})
+    r.result(r.next_call()["id"], {"isAnswered": True, "text": "\x01" * 30000})
+    answer = lich.record.ack_for("m9")["answer"]
+    assert len(lich.record.acks[0].raw) < 64 * 1024 and answer.endswith("\n[truncated]")
+
+
+# -- the order rules ------------------------------------------------------------------
+
+
+def test_polling_never_waits_on_a_command(relay, lich):
+    r = started(relay, lich)
+    send(lich, {"id": "m3", "kind": "model", "model": "opus"})
+    r.next_call()  # overrides.set, left unanswered: the worker is blocked on it
+    lich.record.wait_polls(2)  # the poll went out again at once
+    assert lich.wait_polled("s1", WAIT, parked=True)
+
+
+def test_asks_run_at_once_concurrently_and_ack_outside_the_order(relay, lich):
+    r = started(relay, lich)
+    send(lich, {"id": "m3", "kind": "model", "model": "opus"}, {"id": "a1", "kind": "ask", "question": "one?"}, {"id": "a2", "kind": "ask", "question": "two?"})
+    calls = {c["method"] + c["args"].get("prompt", "")[-4:]: c for c in (r.next_call(), r.next_call(), r.next_call())}
+    # The model command is not answered, yet both forks went out; the second answers first.
+    r.result(calls["model.forktwo?"]["id"], {"isAnswered": True, "text": "2"})
+    assert [a.id for a in lich.record.wait_acks(1)] == ["a2"]
+    r.result(calls["model.forkone?"]["id"], {"isAnswered": True, "text": "1"})
+    assert [a.id for a in lich.record.wait_acks(2)] == ["a2", "a1"]
+    r.result(calls["overrides.set"]["id"], None)
+    assert lich.record.ack_for("m3")["ok"] is True
+
+
+def test_an_ack_is_awaited_before_the_next_command(relay, lich):
+    # The worker's own order is proven in test_worker.py; here, over the real
+    # wire, the daemon's status is the record of where each command stands.
+    r = started(relay, lich)
+    lich.faults.hold_acks()  # lich takes the ack but does not answer yet
+    send(lich, {"id": "m12", "kind": "rewind"}, {"id": "m3", "kind": "model", "model": "opus"})
+    lich.record.wait_acks(1)
+    waiting = {entry["id"]: entry["waiting_on"] for entry in r.status()["in_flight"]}
+    # m3 is not started while m12's ack is out (it may not even be handed on yet)
+    assert waiting["m12"] == "ack" and waiting.get("m3", "worker") == "worker"
+    lich.faults.release_acks()
+    assert r.next_call()["method"] == "overrides.set"
+    assert lich.record.acks[0].answer == 204
+
+
+def test_an_ack_lich_refuses_is_not_retried_and_the_next_command_runs(relay, lich):
+    r = started(relay, lich)
+    lich.faults.script_acks(AckAnswer(status=400, reason="refused: because the test said so"))
+    send(lich, {"id": "m12", "kind": "rewind"}, {"id": "m13", "kind": "rewind"})
+    lich.record.ack_for("m13")
+    r.stop()  # nothing can come after this
+    assert [(a.id, a.answer) for a in lich.record.acks] == [("m12", 400), ("m13", 204)]  # m12 was not sent again
+    assert any("lich refused the ack for m12" in line and "refused: because the test said so" in line for line in r.stderr_lines)
+
+
+# -- lich's life ------------------------------------------------------------------------
+
+
+def test_lich_killed_mid_poll_and_restarted_on_its_port_is_found_again(relay, lich):
+    r = started(relay, lich)
+    r.autoanswer()
+    lich.kill()  # the parked poll is reset
+    dead = RawAnswer(None, port=lich.port)  # lich's port, resetting whoever knocks
+    try:
+        dead.wait(1)  # the daemon tried again, and failed again
+    finally:
+        dead.close()
+    r.wait_status(lambda s: s["poll"]["failures"] == 2)
+    with StubLich(token=lich.token, port=lich.port, newer_kinds={"rewind": ()}) as reborn:
+        assert reborn.wait_polled("s1", WAIT, parked=True)
+        reborn.queue("s1", REWIND)
+        assert reborn.record.ack_for("m12")["error"] == "unknown kind"
+        poll = r.status()["poll"]
+        assert (poll["state"], poll["backoff"]) == ("polling", 0)
+
+
+def test_a_404_stops_polling_for_good_and_the_status_says_so(relay, lich):
+    lich.faults.script(Answer(status=404, body="no such route"))
+    r = relay()
+    r.wait_hello()
+    status = r.wait_status(lambda s: s["poll"]["state"] == "stopped")
+    assert status["poll"]["reason"] == "lich answered 404"
+    assert len(lich.record.polls) == 1 and r.proc.poll() is None
+
+
+def test_a_failed_poll_backs_off_about_a_second_then_a_200_resets(relay, lich):
+    lich.faults.script(Answer(status=503, body="busy"))
+    r = relay()
+    r.wait_hello()
+    polls = lich.record.wait_polls(2)
+    gap = polls[1].at - polls[0].at
+    assert 0.9 <= gap < 3.0
+    send(lich, {"id": "m12", "kind": "rewind"})
+    lich.record.wait_acks(1)
+    poll = r.status()["poll"]
+    assert (poll["state"], poll["backoff"], poll["failures"]) == ("polling", 0, 1)
+
+
+# -- a soak ----------------------------------------------------------------------------
+
+
+def figures(pid):
+    status = proc_status(pid)
+    return {"threads": int(status["Threads"]), "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+def test_a_soak_with_failing_acks_acks_each_command_at_most_once_and_leaks_no_thread_or_file(relay, lich):
+    # Memory is the benchmark's to measure; what a soak alone shows is that
+    # every kind, at volume, with acks lost at random, is tried once, and that
+    # nothing piles up: threads and descriptors stay flat.
+    rng = random.Random(7)
+    r = relay()
+    r.wait_hello()
+    r.autoanswer(fork_text="a fairly long answer " * 50)
+    assert lich.wait_polled("s1", WAIT, parked=True)
+    answers = [AckAnswer(drop=True)] * 2 + [AckAnswer()] * 14 + [AckAnswer(status=400), AckAnswer(status=500)]
+    kinds = [
+        lambda cid: {"id": cid, "kind": "model", "model": rng.choice(["opus", "sonnet"])},
+        lambda cid: {"id": cid, "kind": "effort", "effort": rng.choice(["low", "max", "bogus"])},
+        lambda cid: {"id": cid, "kind": "prompt", "text": "go " * rng.randint(1, 50)},
+        lambda cid: {"id": cid, "kind": "command", "name": "compact", "args": "x"},
+        lambda cid: {"id": cid, "kind": "ask", "question": "how far along?"},
+        lambda cid: {"id": cid, "kind": "abort"},
+        lambda cid: {"id": cid, "kind": "rewind"},
+    ]
+
+    def run(start, n=50):
+        lich.faults.script_acks(*(rng.choice(answers) for _ in range(n)))
+        target = len(lich.record.acks) + n
+        send(lich, *(rng.choice(kinds)(f"k{i}") for i in range(start, start + n)))
+        lich.record.wait_for(lambda: len(lich.record.acks) >= target, timeout=30, what=f"{n} ack attempts")
+
+    for start in range(0, 300, 50):  # warm up: the pools' threads, their connections
+        run(start)
+    warm = figures(r.proc.pid)
+    for start in range(300, 1000, 50):
+        run(start)
+    end = figures(r.proc.pid)
+    attempts = collections.Counter(a.id for a in lich.record.acks)
+    assert len(attempts) == 1000 and max(attempts.values()) == 1
+    assert end["threads"] <= warm["threads"] + 4, (warm, end)
+    # A pool thread started late brings its own keep-alive connection to
+    # lich, and a relay connection may be mid-close; a leak would show as hundreds.
+    assert (end["fds"] - end["threads"]) - (warm["fds"] - warm["threads"]) <= 6, (warm, end)
+    assert r.wait_status(lambda s: s["in_flight"] == [], timeout=5)
