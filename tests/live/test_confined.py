@@ -12,9 +12,10 @@ its data folder and its daemon polls; prompt, model, abort and ask ack;
 /exit ends it; the second reuses the runtime. The token is in no file.
 
 Then the two routes that cannot work confined, shown failing as the docs
-say: a marketplace added from a clone in ~/src (the sandbox has no ~/src:
-"Marketplace file not found"), and a `python` option naming an interpreter
-in ~/.venvs (the sandbox has no ~/.venvs). Last, `make plugin-install`, the
+say: a `python` option naming an interpreter in ~/.venvs (the sandbox has
+no ~/.venvs; one under ~/.local/share, as docs/install.md gives, works), and a
+marketplace added from a clone in ~/src (the sandbox has no ~/src:
+"Marketplace file not found"). Before them, `make plugin-install`, the
 route for a clone: it installs from ~/.local/share, which the sandbox
 mounts, and a confined session polls.
 
@@ -26,6 +27,10 @@ What the test needs from the machine, and how it gets it:
   which holds the token, stays root's), and Claude Code's binary, which sits
   in root's cache, is hard-linked (else copied) into a folder of the
   workspace that lich's profile mounts as it mounts any binary's folder.
+- The development lich runs as the user too, as lich runs as the person
+  whose sessions it starts (the daemon sends the token only to a listener
+  of its own user), from a copy of the checkout and a virtual environment
+  of the system's python3 with attrs and requests.
 - The session's Python is the system's python3 (/usr/bin): the sandbox has
   no other. pip's settings of this machine are handed to it as PIP_*
   variables, as the user's own settings would be.
@@ -55,7 +60,8 @@ from world import lich_env
 MARKETPLACE = "lich-control"
 PLUGIN_ID = f"{PLUGIN_NAME}@{MARKETPLACE}"
 GIT_URL = "https://git.example.invalid/lich-control.git"
-FIRST, SECOND, FROM_SRC, VENVS, LOCAL = "confined-1", "confined-2", "confined-src", "confined-venvs", "confined-local"
+FIRST, SECOND, LOCAL = "confined-1", "confined-2", "confined-local"
+VENVS, SHARE, FROM_SRC = "confined-venvs", "confined-share", "confined-src"
 # The first session builds the runtime (python3 -m venv and a pip install)
 # on a machine whose two cores are shared: well above the minute it takes.
 BUILD_WAIT = 300.0
@@ -391,6 +397,25 @@ def test_a_python_option_in_venvs_is_not_in_the_sandbox(world):
     try:
         session = world.session(VENVS)
         assert_never_polls(world, session, "not restarting it again")
+    finally:
+        world.ws.write_settings({"pluginConfigs": {}})
+
+
+def test_a_python_option_under_local_share_is_in_the_sandbox(world):
+    # docs/install.md's example: the package installed by hand into a
+    # virtual environment under ~/.local/share, which the sandbox mounts read-only.
+    folder = os.path.join(world.ws.home, ".local", "share", "lich-control", "venv")
+    for argv in (["/usr/bin/python3", "-m", "venv", folder],
+                 [os.path.join(folder, "bin", "pip"), "install", "--quiet", "."]):
+        done = world.as_user(argv, cwd=world.ws.path("home", "src", "lich-control"), env={"HOME": world.ws.home}, timeout=300)
+        assert done.returncode == 0, done.stderr[-1500:]
+    interpreter = os.path.join(folder, "bin", "python")
+    world.ws.write_settings(python_option(interpreter))
+    try:
+        session = world.session(SHARE)
+        status = session.wait_polling()
+        assert argv_of(session.daemon_pid(status))[0] == interpreter
+        exit_session(world, session)
     finally:
         world.ws.write_settings({"pluginConfigs": {}})
 
