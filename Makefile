@@ -1,5 +1,6 @@
 # make test   the whole suite (creates .venv unless a virtual environment is active)
 # make demo   the main job on the development lich and the simulated session
+# make plugin-install   the Claude Code plugin from this clone, for lich's confined sessions too
 
 PYTHON ?= python3
 ifdef VIRTUAL_ENV
@@ -9,7 +10,7 @@ VENV_PY := .venv/bin/python
 endif
 STAMP := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)/.lich-control-installed
 
-.PHONY: test demo run bench plugin-check opencode-check install clean
+.PHONY: test demo run bench plugin-check opencode-check install plugin-install clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@if [ -z "$(VIRTUAL_ENV)" ] && [ ! -x .venv/bin/python ]; then $(PYTHON) -m venv .venv; fi
@@ -48,6 +49,22 @@ plugin-check: $(STAMP)
 # The opencode relay alone: its logic under node --test, then live (about a minute).
 opencode-check: $(STAMP)
 	PYTHON=$(abspath $(VENV_PY)) .ci/opencode-checks
+
+# The plugin from this clone, installed for the Claude Code on PATH (or
+# CLAUDE=...). Claude Code reads a marketplace added from a folder in that
+# folder at every session start, and lich's confined sessions do not see a
+# clone in ~/src: so the plugin's files (as committed, with the changes to
+# tracked files made since: git stash create) are copied under
+# ~/.local/share, which the sandbox mounts, and added from there. Run again
+# to install a newer state of the clone; a session started after it runs it.
+PLUGIN_HOME ?= $(HOME)/.local/share/lich-control/plugin
+CLAUDE ?= claude
+plugin-install:
+	rm -rf '$(PLUGIN_HOME).new' && mkdir -p '$(PLUGIN_HOME).new'
+	tree=$$(git stash create) && git archive "$${tree:-HEAD}" | tar -x -C '$(PLUGIN_HOME).new'
+	rm -rf '$(PLUGIN_HOME)' && mv '$(PLUGIN_HOME).new' '$(PLUGIN_HOME)'
+	'$(CLAUDE)' plugin marketplace add '$(PLUGIN_HOME)'
+	'$(CLAUDE)' plugin install lich-control@lich-control
 
 clean:
 	rm -rf .venv .venv-bench build *.egg-info .pytest_cache .hypothesis

@@ -47,7 +47,7 @@ class ClaudeSession(HostSession):
     def __init__(self, world: "World", session_id: Optional[str], plugin_dir: Optional[str] = None,
                  args: Sequence[str] = (), env: Optional[Mapping[str, Optional[str]]] = None, name: Optional[str] = None):
         self.debug_log = world.ws.debug_log(name or session_id or "claude")
-        argv = [world.claude, *plugin_args(plugin_dir), "--debug-file", self.debug_log, *args]
+        argv = world.session_argv([world.claude, *plugin_args(plugin_dir), "--debug-file", self.debug_log, *args])
         super().__init__(world.ws, argv, world.env(session_id, env), session_id, world.watch)
 
     def debug_text(self) -> str:
@@ -98,6 +98,14 @@ class World(LiveWorld):
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         }, changes)
 
+    def session_argv(self, argv: List[str]) -> List[str]:
+        """How lich starts a session's program: as it is here; confined elsewhere (test_confined.py)."""
+        return argv
+
+    def command_argv(self, argv: List[str]) -> List[str]:
+        """How a person runs `claude ARGS` in their terminal: as it is here."""
+        return argv
+
     def session(self, session_id: Optional[str], plugin_dir: Optional[str] = None, args: Sequence[str] = (),
                 env: Optional[Mapping[str, Optional[str]]] = None, name: Optional[str] = None) -> ClaudeSession:
         """An interactive session inside lich: `plugin_dir` adds
@@ -110,7 +118,7 @@ class World(LiveWorld):
         """`claude ARGS` to its end, with no terminal (with the LICH_*
         variables when `session_id` is given): `-p`, `plugin marketplace
         add`, `plugin install`."""
-        return self.run_to_end([self.claude, *args], self.env(session_id, env), timeout)
+        return self.run_to_end(self.command_argv([self.claude, *args]), self.env(session_id, env), timeout)
 
     def print_run(self, session_id: str, prompt: str, plugin_dir: Optional[str] = None) -> subprocess.CompletedProcess:
         """`claude -p PROMPT` inside lich; its debug log is ws.debug_log(session_id)."""

@@ -84,12 +84,15 @@ class Lich(Closing):
     """The development lich, `lich-stub serve`, in its own run folder: it
     writes the token there, so no argv ever carries it."""
 
-    def __init__(self, ws: Workspace, watch: Optional[ProcessWatch] = None, timeout: float = 20.0):
+    def __init__(self, ws: Workspace, watch: Optional[ProcessWatch] = None, timeout: float = 20.0,
+                 command: Optional[List[str]] = None):
+        """`command` runs lich-stub (default: stub(); the confined test runs it as its user)."""
         self.ws = ws
         self.watch = watch
+        self.command = command or stub()
         self._env = tool_env(ws.lich_run_dir)
         self._log = open(ws.path("logs", "lich-stub.log"), "w")
-        self._proc = subprocess.Popen([*stub(), "serve", "--verbose"], env=self._env, stdin=subprocess.DEVNULL,
+        self._proc = subprocess.Popen([*self.command, "serve", "--verbose"], env=self._env, stdin=subprocess.DEVNULL,
                                       stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         if watch is not None:
             watch.track(self._proc.pid)
@@ -119,14 +122,14 @@ class Lich(Closing):
 
     def begin(self, session_id: str, kind: str, *args: str, timeout: float = 20.0) -> Pending:
         """`lich-stub control SESSION KIND ARGS --json`, left running."""
-        argv = [*stub(), "control", session_id, kind, *args, "--json", "--timeout", f"{timeout:g}"]
+        argv = [*self.command, "control", session_id, kind, *args, "--json", "--timeout", f"{timeout:g}"]
         return Pending(argv, self._env, self.watch, timeout)
 
     def control(self, session_id: str, kind: str, *args: str, timeout: float = 20.0) -> dict:
         return self.begin(session_id, kind, *args, timeout=timeout).result()
 
     def begin_ask(self, session_id: str, question: str, timeout: float = 30.0) -> Pending:
-        argv = [*stub(), "ask", session_id, question, "--json", "--timeout", f"{timeout:g}"]
+        argv = [*self.command, "ask", session_id, question, "--json", "--timeout", f"{timeout:g}"]
         return Pending(argv, self._env, self.watch, timeout)
 
     def ask(self, session_id: str, question: str, timeout: float = 30.0) -> dict:

@@ -168,11 +168,15 @@ class LiveWorld(Closing):
             self._stack.callback(self.ws.remove)
             self.watch = self._stack.enter_context(ProcessWatch())
             self.api = self._stack.enter_context(self.API())
-            self.lich = self._stack.enter_context(Lich(self.ws, self.watch))
+            self.lich = self._stack.enter_context(self.start_lich())
             self.prepare()
         except BaseException:
             self._stack.close()
             raise
+
+    def start_lich(self) -> Lich:
+        """The development lich, started."""
+        return Lich(self.ws, self.watch)
 
     def prepare(self) -> None:
         """Write the host's configuration into the workspace."""
