@@ -12,7 +12,7 @@ import threading
 from typing import Callable, Optional
 
 from .ack import Ack, AckTooLarge
-from .status import Activity
+from .activity import Activity
 from .lich import AckFailed, LichClient
 
 log = logging.getLogger("lich_control.acker")

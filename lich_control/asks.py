@@ -17,7 +17,7 @@ from typing import Callable, Deque, Optional
 
 from .acker import OneAck, send_ack
 from .ack import Ack
-from .status import Activity
+from .activity import Activity
 from .commands import Command, ask_prompt
 from .engine import CallResult, Engine
 from .lich import LichClient

@@ -34,7 +34,7 @@ from .ack import Ack
 from .batch import Answer, NotAnArray, read_answer
 from .config import Config
 from .loopback import CuttableAdapter, Deadline, ForeignListener
-from .safe_text import Scrub
+from .logs import Redactor
 
 CONNECT_TIMEOUT = 3.0
 MAX_POLL_BODY = 16 * 1024 * 1024
@@ -84,7 +84,7 @@ class LichClient:
         """`uid` is the user lich must run as: ours unless a test says otherwise."""
         self._port = config.port
         self._deadlines = deadlines
-        self._scrub = Scrub.of(config.token)
+        self._scrub = Redactor(config.token)
         token, sid = quote(config.token, safe=""), quote(config.session_id, safe="")
         base = config.lich_url
         self._deadline = Deadline()

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Optional
 
 import attrs
 
-from .status import Activity
+from .activity import Activity
 from .backoff import Backoff
 from .batch import Answer
 from .commands import Command, Discarded, kind_named

@@ -24,7 +24,7 @@ import attrs
 
 from .acker import Acker, OneAck, send_ack
 from .ack import Ack
-from .status import Activity
+from .activity import Activity
 from .commands import Command, notification_text
 from .engine import CallResult, Engine, Overrides, Turns
 from .lich import LichClient

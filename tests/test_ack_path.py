@@ -15,7 +15,7 @@ from lich_control.acker import Acker, send_ack
 from lich_control.config import Config
 from lich_control.engine import Turns
 from lich_control.lich import LichClient
-from lich_control.status import Activity
+from lich_control.activity import Activity
 
 TOKEN = "ack/tok+en&x=1"
 URL = f"http://127.0.0.1:4312/mod/acks?token={quote(TOKEN, safe='')}"

@@ -11,13 +11,14 @@ import pytest
 import responses
 
 from lich_control.batch import MAX_ITEMS, MAX_VALUES, TOO_DEEP
+from lich_control.unix_socket import MAX_VALUES as BODY_VALUES  # the socket's own bound on a relay body
 from lich_control.commands import NOT_UTF8, Command
 from lich_control.config import Config
 from lich_dev.lich import Answer, StubLich
 from lich_control.engine import Turns
 from lich_control.lich import LichClient
 from lich_control.poller import Poller
-from lich_control.status import Activity
+from lich_control.activity import Activity
 
 from fakes import ScriptedClient
 
@@ -160,9 +161,9 @@ def test_a_relay_result_holding_a_huge_integer_is_taken(relay, lich):
 
 def test_a_relay_body_that_would_build_too_many_values_is_refused_unbuilt_and_the_call_still_settles(relay, lich):
     r, cid, call = a_model_call(relay, lich)
-    bomb = result_with_value(call, b"[" + b",".join([b"{}"] * (MAX_VALUES + 1)) + b"]")
+    bomb = result_with_value(call, b"[" + b",".join([b"{}"] * (BODY_VALUES + 1)) + b"]")
     status, text = r.post("/v1/result", bomb)
-    assert (status, text) == (400, f"the body holds more than {MAX_VALUES:,} JSON values\n".encode())
+    assert (status, text) == (400, f"the body holds more than {BODY_VALUES:,} JSON values\n".encode())
     status, _ = r.post("/v1/result", result_with_value(call, b"null"))
     assert status == 204
     assert lich.wait(cid, WAIT).ok

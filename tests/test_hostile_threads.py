@@ -4,16 +4,17 @@ whose forks never answer, and a daemon whose pipes nobody reads.
 Each fault costs at most the command in hand: the loop goes on, the next
 ordered command is applied and acked, and no id gets a second ack.
 """
+import gc
 import io
 import json
 import logging
 import os
-import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import weakref
 from concurrent.futures import Future
 
 import pytest
@@ -23,8 +24,7 @@ from lich_control.bridge import Bridge
 from lich_dev import procs
 from lich_dev.faults import AckAnswer
 from lich_control.engine import Turns
-from lich_control.stderr_lines import StderrLines, one_write
-from lich_control.status import Activity
+from lich_control.activity import Activity
 
 from fakes import FakeEngine, ScriptedClient, StdoutCalls
 from test_worker import Rig
@@ -269,103 +269,12 @@ def full_pipe():
     return read_fd, write_fd
 
 
-def drain(fd):
-    os.set_blocking(fd, False)
-    try:
-        while os.read(fd, 1 << 16):
-            pass
-    except BlockingIOError:
-        pass
-    os.set_blocking(fd, True)
-
-
-@pytest.fixture
-def stderr_logger():
-    read_fd, write_fd = full_pipe()
-    handler = StderrLines(write_fd, wait=0.01)
-    handler.setFormatter(logging.Formatter("lich-control: %(message)s"))
-    notes = []
-    file_like = logging.Handler()
-    file_like.emit = lambda record: notes.append(record.getMessage())
-    root = logging.getLogger("lich_control")
-    logger = logging.getLogger("lich_control.test")
-    saved = root.handlers[:], root.level, root.propagate
-    root.handlers[:] = [handler, file_like]
-    root.setLevel(logging.WARNING)
-    root.propagate = False
-    yield logger, handler, read_fd, notes
-    root.handlers[:], root.level, root.propagate = saved
-    os.close(read_fd)
-    os.close(write_fd)
-
-
-def test_a_full_stderr_drops_lines_counts_them_and_says_so_once_it_drains(stderr_logger):
-    logger, handler, read_fd, notes = stderr_logger
-    for n in range(3):
-        logger.warning("line %d", n)  # returns: the pipe is full
-    assert handler.dropped == 3
-    drain(read_fd)
-    logger.warning("line 3")
-    said = os.read(read_fd, 1 << 16).decode()
-    assert said == (
-        "lich-control: 3 warning lines could not be written to stderr (it was full); the log file has them\n"
-        "lich-control: line 3\n"
-    )
-    # The log file has every line, and what stderr lost.
-    assert notes == [
-        "stderr takes no more lines (nobody reads it?): warnings are dropped there until it does",
-        "line 0",
-        "line 1",
-        "line 2",
-        "3 warning lines could not be written to stderr (it was full)",
-        "line 3",
-    ]
-
-
-def test_a_line_goes_out_in_one_write_a_pipe_takes_whole():
-    assert one_write("short") == b"short\n"
-    long = one_write("字" * 10000)
-    assert len(long) <= select.PIPE_BUF and long.endswith(b"...\n")
-    long.decode("utf-8")  # never cut inside a character
-
-
 # -- the daemon exits within 2 s whatever its pipes do ----------------------
 
 
 def start_daemon(daemon_env, stdout, stderr, **extra):
     env = procs.daemon_env(**daemon_env, **extra)
     return subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], cwd=procs.ROOT, env=env, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr)
-
-
-def test_a_stderr_nobody_reads_holds_back_no_command(daemon_env, lich):
-    read_fd, write_fd = full_pipe()
-    proc = start_daemon(daemon_env, subprocess.PIPE, write_fd)
-    try:
-        json.loads(proc.stdout.readline())  # hello
-        assert lich.wait_polled("s1", WAIT, parked=True)
-        lich.faults.script_acks(AckAnswer(status=400), AckAnswer(status=400))  # each a warning line
-        lich.queue_all("s1", [{"id": "m1", "kind": "rewind"}, {"id": "m2", "kind": "rewind"}, {"id": "m3", "kind": "rewind"}])
-        assert lich.record.ack_for("m3")["error"] == "unknown kind"
-        drain(read_fd)
-        lich.faults.script_acks(AckAnswer(status=400))
-        lich.queue("s1", {"id": "m4", "kind": "rewind"})
-        lich.record.ack_for("m4")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(WAIT) == 0
-        os.close(write_fd)
-        said = b""
-        while chunk := os.read(read_fd, 1 << 16):  # to EOF: the daemon is gone
-            said += chunk
-        assert b"2 warning lines could not be written to stderr (it was full); the log file has them\n" in said
-        assert b"refused the ack for m4" in said
-        with open(os.path.join(daemon_env["LICH_CONTROL_RUN_DIR"], "s1.log")) as f:
-            logged = f.read()
-        assert "refused the ack for m1" in logged and "2 warning lines could not be written to stderr" in logged
-    finally:
-        procs.stop(proc)
-        proc.stdin.close()
-        proc.stdout.close()
-        os.close(read_fd)
 
 
 def test_sigterm_ends_a_daemon_whose_stdout_nobody_reads(daemon_env, lich):
@@ -427,3 +336,34 @@ lock.acquire()  # held for ever: only the kernel ends this
 def test_the_exit_deadline_ends_a_process_whatever_holds_it():
     proc = subprocess.run([sys.executable, "-c", HELD], cwd=procs.ROOT, env=procs.daemon_env(), timeout=WAIT)
     assert proc.returncode == -signal.SIGALRM
+
+
+# -- an answered ask is let go at once, not at its deadline -------------------------
+
+
+def test_an_answered_ask_is_let_go_at_once_not_kept_until_its_deadline():
+    # Its deadline (300 s) stayed queued, and with it the ask and the fork's
+    # answer: a lich sending large asks that forks answer at once held
+    # 300 s of them in memory.
+    from lich_control.commands import parse_batch
+
+    stdout = StdoutCalls(WAIT)
+    bridge = Bridge(stdout, Turns(), on_broken=lambda why: None)
+    client = ScriptedClient()
+    asks = Asks(bridge, lambda: client, Activity("s1", "relay", Turns()), "s1")
+    try:
+        hanging, command = parse_batch([{"id": "h1", "kind": "ask", "question": "hang?"}, {"id": "a1", "kind": "ask", "question": "x" * 100_000}])
+        asks.submit(hanging)  # its deadline first in line, the answered one's behind it
+        stdout.wait(1)
+        kept = weakref.ref(command)
+        asks.submit(command)
+        del command
+        call = stdout.wait(2)
+        bridge.result({"id": call["id"], "ok": True, "value": {"isAnswered": True, "text": "at once"}})
+        (ack,) = client.wait_acks(1)
+        assert (ack.id, ack.ok) == ("a1", True)
+        asks._pool.shutdown(wait=True)  # the ack's job is over: nothing of it on a thread's stack
+        gc.collect()
+        assert kept() is None
+    finally:
+        asks.stop()

@@ -13,7 +13,7 @@ from lich_control.config import Config
 from lich_control.engine import Turns
 from lich_control.lich import MAX_POLL_BODY, LichClient
 from lich_control.poller import Poller
-from lich_control.status import Activity
+from lich_control.activity import Activity
 
 from fakes import ScriptedClient
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lich_control.acker import Acker
-from lich_control.status import Activity
+from lich_control.activity import Activity
 from lich_control.asks import Asks
 from lich_control.batch import MAX_ITEMS, NotAnArray, read_answer
 from lich_control.commands import EFFORTS, KINDS

@@ -1,7 +1,7 @@
 import pytest
 
 from lich_control.acker import Acker
-from lich_control.status import Activity
+from lich_control.activity import Activity
 from lich_control.asks import Asks, fork_ack
 from lich_control.commands import Command, parse_batch
 from lich_control.engine import CallResult, Overrides, Turns

@@ -1,4 +1,4 @@
-"""How a daemon ends: signals, the parent going away, and a second daemon for the session.
+"""The daemon from outside: how it starts, what it refuses, and how it ends.
 
 Each exit is observed from outside: the process's exit status, EOF on a pipe
 only the daemon still holds, its socket gone, and no poll after it ended.
@@ -7,6 +7,7 @@ import json
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -22,7 +23,20 @@ ROOT = procs.ROOT
 
 
 def env_for(daemon_env, **extra):
-    return procs.daemon_env(**daemon_env, **extra)
+    return procs.daemon_env(**dict(daemon_env, **extra))
+
+
+def daemon(daemon_env, preexec_fn=None, **env):
+    """A daemon run to its end with no relay: its exit code, stdout and stderr."""
+    return subprocess.run(
+        [sys.executable, "-m", "lich_control.daemon"], cwd=ROOT, env=env_for(daemon_env, **env),
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=30, preexec_fn=preexec_fn,
+    )
+
+
+def left_behind(run_dir):
+    """What a daemon that ended leaves: its lock file (kept), and nothing else of a session's."""
+    return sorted(n for n in os.listdir(run_dir) if not n.endswith((".log", ".lock")))
 
 
 def parked(lich):
@@ -134,7 +148,7 @@ def test_a_second_daemon_for_the_session_gives_up_with_one_clear_line(relay, lic
     first.wait_hello()
     parked(lich)
     second = subprocess.run([sys.executable, "-m", "lich_control.daemon"], cwd=ROOT, env=env_for(daemon_env, LICH_CONTROL_LOCK_WAIT="0.5"), stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
-    assert second.returncode == 1 and second.stdout == b""
+    assert second.returncode == 2 and second.stdout == b""
     lines = second.stderr.decode().splitlines()
     assert lines == ["lich-control: another daemon is still polling for session s1; exiting"]
     assert len(lich.record.polls) == 1  # only the first one ever polled
@@ -210,3 +224,134 @@ def test_a_stdin_closed_from_the_start_is_not_taken_for_the_parent_leaving(daemo
     finally:
         procs.stop(proc)
         proc.stdout.close()
+
+
+# -- a stop asked for before the threads start -----------------------------------------
+
+
+def test_a_relay_gone_before_the_hello_ends_the_daemon_with_0_and_nothing_left(daemon_env, lich, run_dir):
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)  # the hello's write fails: nobody will ever read the bridge
+    proc = subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], cwd=ROOT, env=env_for(daemon_env), stdin=subprocess.DEVNULL, stdout=write_fd, stderr=subprocess.PIPE)
+    os.close(write_fd)
+    try:
+        _, err = proc.communicate(timeout=WAIT)
+    finally:
+        procs.stop(proc)
+    assert (proc.returncode, err) == (0, b"lich-control: writing to stdout failed (BrokenPipeError): the relay is gone\n")
+    assert left_behind(run_dir) == [] and lich.record.polls == []
+
+
+PARENT_GONE_AT_ONCE = """
+import os, subprocess, sys
+env = dict(os.environ, LICH_CONTROL_PARENT_PID=str(os.getpid()))
+out = open(sys.argv[1], "wb")
+child = subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+print(child.pid, flush=True)
+"""
+
+
+def gone_or_zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_daemon_whose_parent_died_before_it_ran_stops_without_polling(daemon_env, lich, run_dir, tmp_path):
+    # stdout to a file and stdin /dev/null: only the parent's pid can tell
+    # the session is gone, and a reaper has taken the parent's place by then.
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", PARENT_GONE_AT_ONCE, str(out)], cwd=ROOT, env=env_for(daemon_env), capture_output=True, timeout=30)
+    pid = int(done.stdout)
+    deadline = time.monotonic() + WAIT
+    while not gone_or_zombie(pid):
+        assert time.monotonic() < deadline, f"the orphaned daemon is still running: {out.read_bytes()!r}"
+        time.sleep(0.05)  # not our child: nothing to wait on but its /proc entry
+    assert lich.record.polls == [] and left_behind(run_dir) == []
+    assert b"Traceback" not in out.read_bytes()
+
+
+def test_a_spawner_naming_a_pid_that_is_not_a_pid_is_refused(daemon_env, lich):
+    done = daemon(daemon_env, LICH_CONTROL_PARENT_PID="me")
+    assert (done.returncode, done.stderr) == (2, b"lich-control: LICH_CONTROL_PARENT_PID must be the spawner's process id, not 'me'\n")
+
+
+def _block_our_signals():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGALRM, signal.SIGUSR2})
+
+
+def test_signals_blocked_by_the_parent_are_unblocked_so_sigterm_still_ends_the_daemon(daemon_env, lich):
+    proc = subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], cwd=ROOT, env=env_for(daemon_env), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=_block_our_signals)
+    try:
+        hello = json.loads(proc.stdout.readline())
+        parked(lich)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(EXIT_WITHIN + 1) == 0
+        assert not os.path.exists(hello["socket"])
+    finally:
+        procs.stop(proc)
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+# -- what it refuses: one line on stderr and exit 2, nothing left ---------------------------
+
+
+def test_a_relative_run_folder_reaches_the_hello_as_an_absolute_path(daemon_env, lich, tmp_path):
+    env = env_for(daemon_env, LICH_CONTROL_RUN_DIR="run")
+    proc = subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        hello = json.loads(proc.stdout.readline())
+        assert hello["socket"] == str(tmp_path / "run" / "s1.sock")
+        from lich_control.unix_socket import unix_request
+
+        assert unix_request(hello["socket"], "GET", "/v1/status")[0] == 200  # from the test's own folder
+    finally:
+        procs.stop(proc)
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+@pytest.mark.parametrize("name", ["s1.lock", "s1.log", "s1.sock"])
+def test_the_daemon_refuses_a_link_planted_in_its_run_folder(daemon_env, run_dir, lich, tmp_path, name):
+    victim = tmp_path / "victim"
+    victim.write_text("theirs")
+    planted = os.path.join(run_dir, name)
+    os.symlink(victim, planted)
+    done = daemon(daemon_env)
+    problem = "is a symbolic link" if name != "s1.sock" else "is not a socket"
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr.decode() == f"lich-control: {planted} {problem}, not a file the daemon made: it will not write through it; remove it\n"
+    assert victim.read_text() == "theirs" and os.path.islink(planted)
+    assert lich.record.polls == []
+
+
+def test_the_daemon_refuses_a_shared_sticky_folder_and_leaves_its_mode(daemon_env, tmp_path, lich):
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    done = daemon(daemon_env, LICH_CONTROL_RUN_DIR=str(shared))
+    lines = done.stderr.decode().splitlines()
+    assert (done.returncode, len(lines)) == (2, 1) and "set LICH_CONTROL_RUN_DIR to a private folder" in lines[0]
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777 and os.listdir(shared) == []
+
+
+def bytes_env(lich, **values):
+    env = {os.fsencode(k): os.fsencode(v) for k, v in procs.daemon_env().items()}
+    env.update({b"LICH_PORT": str(lich.port).encode(), b"LICH_TOKEN": b"tok-plain-secret", b"LICH_SESSION_ID": b"s1"})
+    env.update({k.encode(): v for k, v in values.items()})
+    return env
+
+
+@pytest.mark.parametrize("name", ["LICH_TOKEN", "LICH_SESSION_ID", "LICH_CONTROL_RUN_DIR"])
+def test_a_variable_that_is_not_utf8_is_refused_without_its_value(name, lich, tmp_path):
+    # The hello names its socket in JSON: a run folder of other bytes would
+    # reach the relay with U+FFFD in it, and every result would be lost.
+    run_dir = os.fsencode(str(tmp_path / "run"))
+    env = bytes_env(lich, **{"LICH_CONTROL_RUN_DIR": run_dir, name: b"secret-\xff\xfe" if name != "LICH_CONTROL_RUN_DIR" else run_dir + b"-\xff"})
+    done = subprocess.run([sys.executable, "-m", "lich_dev.sim"], cwd=ROOT, env=env, capture_output=True, timeout=30)
+    assert (done.returncode, done.stdout, done.stderr.count(b"\n")) == (2, b"", 1), done.stderr
+    assert b"is not valid UTF-8" in done.stderr and b"secret" not in done.stderr and b"\xff" not in done.stderr
+    assert not os.path.exists(run_dir + b"-\xff") and lich.record.polls == []
