@@ -17,7 +17,7 @@ import attrs
 
 from .bridge import CallResult
 from .lich import AckFailed, LichClient
-from .status import Activity
+from .activity import Activity
 
 log = logging.getLogger("lich_control.acks")
 

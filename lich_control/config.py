@@ -1,4 +1,4 @@
-"""What the daemon is told by its environment, and where its files live.
+"""What the daemon is told by its environment, and the names of its files.
 
 The gate of bridge.md: all three LICH_* variables or nothing at all, and a
 port that is a port. The token is kept in `Config` and reaches only the URLs
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from typing import Mapping, Optional
 
 import attrs
@@ -91,9 +90,12 @@ def parse_port(raw: str) -> int:
 
 
 def run_dir(env: Mapping[str, str]) -> str:
+    """Always an absolute path: the hello names the socket in it, and the
+    relay, in a folder of its own, could not reach a relative one."""
     if env.get("LICH_CONTROL_RUN_DIR"):
-        return env["LICH_CONTROL_RUN_DIR"]
-    if env.get("XDG_RUNTIME_DIR"):
+        return os.path.abspath(env["LICH_CONTROL_RUN_DIR"])
+    # A relative XDG_RUNTIME_DIR is invalid, and to be ignored (the XDG Base Directory spec).
+    if os.path.isabs(env.get("XDG_RUNTIME_DIR") or ""):
         return os.path.join(env["XDG_RUNTIME_DIR"], "lich-control")
     import tempfile  # only here: ~8 ms of the daemon's start otherwise
 
@@ -113,55 +115,27 @@ def session_path(folder: str, session_id: str, suffix: str) -> str:
     return os.path.join(folder, f"s-{digest}.{suffix}")
 
 
-def ensure_run_dir(path: str) -> None:
-    """Create the run folder 0700, or make sure an existing one is private.
-
-    Another user must not read our sockets nor plant files among ours, so an
-    existing folder must be a real folder (not a link), ours, and writable by
-    no one else. Its mode is never changed: a shared folder given by mistake
-    (a sticky 1777 one, /tmp) is refused, not closed to everyone else.
-    """
-    parent = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(parent, exist_ok=True)
-        os.mkdir(path, 0o700)
-        created = True
-    except FileExistsError:
-        created = False  # judged below, as it is
-    except OSError as exc:
-        raise BadConfig(f"cannot create the run folder {path}: {exc.strerror}") from None
-    try:
-        info = os.lstat(path)
-    except OSError as exc:
-        raise BadConfig(f"cannot use the run folder {path}: {exc.strerror}") from None
-    if stat.S_ISLNK(info.st_mode):
-        raise BadConfig(f"the run folder {path} is a symbolic link; set LICH_CONTROL_RUN_DIR to a private folder")
-    if not stat.S_ISDIR(info.st_mode):
-        raise BadConfig(f"the run folder {path} is not a folder")
-    if info.st_uid != os.geteuid():
-        raise BadConfig(f"the run folder {path} belongs to another user; set LICH_CONTROL_RUN_DIR to a private folder")
-    if created:
-        _make_private(path)  # the umask may have taken more than group and others' bits, or fewer
-    elif info.st_mode & 0o022:
-        raise BadConfig(
-            f"the run folder {path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
-            "set LICH_CONTROL_RUN_DIR to a private folder"
-        )
-
-
-def _make_private(path: str) -> None:
-    """0700 through a descriptor of the folder we made, not by path."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise BadConfig(f"cannot use the run folder {path}: {exc.strerror}") from None
-    try:
-        os.fchmod(fd, 0o700)
-    finally:
-        os.close(fd)
-
-
 def socket_too_long(path: str) -> Optional[str]:
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         return f"the socket path {path} is too long for a Unix socket; set LICH_CONTROL_RUN_DIR to a shorter folder"
     return None
+
+
+def lock_wait(env: Mapping[str, str], default: float = 5.0) -> float:
+    """LICH_CONTROL_LOCK_WAIT: how long a second daemon waits for the session's lock."""
+    try:
+        return max(0.0, float(env.get("LICH_CONTROL_LOCK_WAIT", default)))
+    except ValueError:
+        return default
+
+
+def expected_parent(env: Mapping[str, str], started_by: int) -> int:
+    """The pid the daemon's parent must have: LICH_CONTROL_PARENT_PID when
+    the spawner names itself (then a parent that died before the daemon ran
+    a line is seen), else the parent found as the daemon began."""
+    raw = env.get("LICH_CONTROL_PARENT_PID")
+    if not raw:
+        return started_by
+    if not (raw.isascii() and raw.isdigit()):
+        raise BadConfig(f"LICH_CONTROL_PARENT_PID must be the spawner's process id, not {raw!r}")
+    return int(raw)

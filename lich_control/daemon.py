@@ -11,36 +11,44 @@ Threads, each owning its own state:
                parent gone, the poller crashed) and runs the shutdown;
   lich-poller  the long poll and its backoff (Poller);
   lich-worker  the ordered commands and the overrides (Worker);
-  lich-acker   acks of prompts and slash commands as they settle (Acker);
-  lich-ask-N   start forks and send their acks, up to the pool's size (Asks);
-  lich-ask-deadlines  fails the forks that outlive their deadline (Asks);
+  lich-ack-N   send the acks of prompts, slash commands and asks as their
+               calls settle (Acks: off the thread that settled them);
+  lich-ask-0   writes each fork's call, so the poller never writes (Asks);
+  lich-call-deadlines  settles each call its deadline overtakes (Bridge);
   lich-socket  accepts the relay's connections, a thread per connection
-               (64 at most: Connections);
+               (unix_socket);
   lich-lifeline  watches the pipes to the parent (ParentWatch).
 """
-from __future__ import annotations
-
-import argparse
-import logging
 import os
-import select
-import signal
-import sys
-import threading
-import time
-from typing import Optional
 
-from . import __version__, logs
-from .acks import Acks
-from .status import Activity
-from .bridge import BadMessage, Bridge, Turns
-from .config import BadConfig, Config, NotInLich, ensure_run_dir, socket_too_long
-from .lich import LichClient
-from .lifeline import LOCK_WAIT_SECONDS, ParentWatch, SessionLock, set_parent_death_signal
-from .poller import Poller
-from .safe_text import Scrub
-from .unix_socket import Routes, UnixHttpServer
-from .worker import Asks, Worker
+# Read before the imports below, which take most of the start: a parent that
+# dies while they run leaves us a reaper's pid, and this one to compare with.
+# A spawner that names itself (LICH_CONTROL_PARENT_PID) closes the window
+# before it too.
+STARTED_BY = os.getppid()
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import ctypes  # noqa: E402
+import logging  # noqa: E402
+import select  # noqa: E402
+import signal  # noqa: E402
+import stat  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from typing import Callable, Optional  # noqa: E402
+
+from . import __version__, run_folder  # noqa: E402
+from .acks import Acks  # noqa: E402
+from .activity import Activity  # noqa: E402
+from .bridge import BadMessage, Bridge, Turns  # noqa: E402
+from .config import BadConfig, Config, NotInLich, expected_parent, lock_wait, socket_too_long  # noqa: E402
+from .lich import LichClient  # noqa: E402
+from .logs import Logs, Redactor, escape  # noqa: E402
+from .poller import Poller  # noqa: E402
+from .unix_socket import Routes, UnixHttpServer  # noqa: E402
+from .worker import Asks, Worker  # noqa: E402
 
 log = logging.getLogger("lich_control.daemon")
 
@@ -55,6 +63,12 @@ EXIT_DEADLINE = 1.8
 # Its own signal, not SIGTERM, so the handler can tell a parent's death from
 # the exit of the parent's thread that spawned us (which sends it as well).
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# A parent may pass these down blocked; blocked, none of them would ever end the daemon.
+OUR_SIGNALS = {*STOP_SIGNALS, signal.SIGALRM, PARENT_DEATH_SIGNAL}
+PR_SET_PDEATHSIG = 1
+PARENT_CHECK_SECONDS = 1.0
+REFUSED = 2  # the relay does not restart a daemon that exits with it (bridge.md)
 
 
 class Daemon:
@@ -65,6 +79,7 @@ class Daemon:
         self.engine = engine
         self.activity = activity
         self._stop = threading.Event()
+        self._started = False
         # The main thread sleeps in select() on this pipe, never on a lock: a
         # signal that lands just before a lock wait begins runs its handler
         # only once the wait ends, which is never. The interpreter writes
@@ -80,6 +95,7 @@ class Daemon:
         self.poller = Poller(factory(), self.worker.submit, self.asks.submit, activity, on_crash=self._crashed)
 
     def start(self) -> None:
+        self._started = True
         self.worker.start()
         self.poller.start()
         log.info("polling lich on port %d for session %s", self.config.port, self.config.session_id)
@@ -109,14 +125,16 @@ class Daemon:
     def shutdown(self, grace: float = STOP_GRACE) -> None:
         """Stop polling first (a parked poll is cut, never left to take
         commands nobody will apply), then let work already under way finish
-        within `grace`; start nothing new."""
+        within `grace`; start nothing new. Threads never started (a stop
+        asked for before the start) are left alone."""
         log.info("stopping: %s", self.stop_reason or "asked to")
-        deadline = time.monotonic() + grace  # one budget for all, so the exit stays within 2 s
-        left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
-        self.poller.stop(timeout=left())
-        self.asks.stop()
-        self.worker.stop(timeout=left())
-        self.acks.stop(timeout=left())
+        if self._started:
+            deadline = time.monotonic() + grace  # one budget for all, so the exit stays within 2 s
+            left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
+            self.poller.stop(timeout=left())
+            self.asks.stop()
+            self.worker.stop(timeout=left())
+            self.acks.stop(timeout=left())
         self.engine.close("the daemon is stopping")
 
     def _crashed(self, reason: str) -> None:
@@ -127,94 +145,85 @@ class Daemon:
 def main(argv=None, simulated=None) -> int:
     """`simulated`, given by a tool: a factory `(turns) -> engine` that
     stands in for the relay (no hello, nothing on stdout)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, OUR_SIGNALS)  # before any thread, which inherits the mask
     parser = argparse.ArgumentParser(prog="lich-mod-daemon", description="The lich mod-control client for one session.")
     # Only recorded, for the status document: the bridge is the same in both.
     parser.add_argument("--host", choices=("claude-code", "opencode"), default="claude-code", help="the program the relay runs in (default: claude-code)")
     parser.add_argument("--version", action="version", version=__version__)
     args = parser.parse_args(argv)
-    parent = os.getppid()
     try:
         config = Config.from_env(os.environ)
+        parent = expected_parent(os.environ, STARTED_BY)
     except NotInLich:
         return 0  # outside lich: never poll, say nothing
-    except BadConfig as exc:
-        return _refused(exc)
-    try:
-        ensure_run_dir(config.run_dir)
-        problem = socket_too_long(config.path("sock"))
-        if problem:
-            raise BadConfig(problem)
     except BadConfig as exc:
         return _refused(exc)
     return run(config, parent, None if simulated else args.host, simulated)
 
 
 def run(config: Config, parent: int, host: Optional[str] = None, simulated=None) -> int:
-    try:  # BadConfig here: something not ours at the log's, the lock's or the socket's name
-        stop_logging = logs.setup(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
-    except BadConfig as exc:
-        return _refused(exc)
-    lock = SessionLock(config.path("lock"))
-    try:
-        acquired = lock.acquire(_lock_wait())
-    except BadConfig as exc:
-        stop_logging()
-        return _refused(exc)
-    if not acquired:
-        print(f"lich-control: another daemon is still polling for session {config.session_id}; exiting", file=sys.stderr)
-        stop_logging()
-        os._exit(1)
+    """The daemon's one way through: everything it opens is closed by the
+    ExitStack in the reverse order, however it ends; every refusal is one
+    line and exit 2."""
+    with contextlib.ExitStack() as held:
+        try:
+            run_folder.ensure(config.run_dir)
+            problem = socket_too_long(config.path("sock"))
+            if problem:
+                raise BadConfig(problem)
+            logging_ = held.enter_context(Logs(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log")))
+            held.enter_context(run_folder.SessionLock(config.path("lock"), config.session_id, lock_wait(os.environ)))
+        except BadConfig as exc:
+            return _refused(exc)
 
-    turns = Turns()
-    socket_path = config.path("sock")
-    activity = Activity(config.session_id, "sim" if simulated else "relay", turns, files={"socket": socket_path, "log_file": config.path("log")}, host=host, clean=Scrub.of(config.token))
+        turns = Turns()
+        socket_path = config.path("sock")
+        activity = Activity(
+            config.session_id, "sim" if simulated else "relay", turns,
+            files={"socket": socket_path, "log_file": config.path("log")}, host=host,
+            redactor=Redactor(config.token), stderr_dropped=lambda: logging_.stderr.dropped,
+        )
 
-    def stop(reason: str) -> None:
-        # Bound late: the bridge needs this before the daemon exists, and
-        # nothing calls it before the hello, which comes after.
-        daemon.request_stop(reason)
+        def stop(reason: str) -> None:
+            # Bound late: the bridge needs this before the daemon exists, and
+            # nothing calls it before the hello, which comes after.
+            daemon.request_stop(reason)
 
-    if simulated:
-        engine = simulated(turns)
-        routes = Routes(_no_relay, _no_relay, activity.snapshot, BadMessage)
-    else:
-        engine = Bridge(sys.stdout.buffer, turns, on_broken=stop)
-        routes = Routes(engine.result, engine.event, activity.snapshot, BadMessage)
+        if simulated:
+            engine = simulated(turns)
+            routes = Routes(_no_relay, _no_relay, activity.snapshot, BadMessage)
+        else:
+            engine = Bridge(sys.stdout.buffer, turns, on_broken=stop)
+            routes = Routes(engine.result, engine.event, activity.snapshot, BadMessage)
 
-    daemon = Daemon(config, engine, turns, activity)
-    signal.set_wakeup_fd(daemon.wake_fd, warn_on_full_buffer=False)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        # The handler only records; the main thread does the stopping.
-        signal.signal(sig, lambda signum, frame: daemon.request_stop(f"got {signal.Signals(signum).name}"))
+        daemon = Daemon(config, engine, turns, activity)
+        signal.set_wakeup_fd(daemon.wake_fd, warn_on_full_buffer=False)
+        for sig in STOP_SIGNALS:
+            # The handler only records; the main thread does the stopping.
+            signal.signal(sig, lambda signum, frame: daemon.request_stop(f"got {signal.Signals(signum).name}"))
 
-    def parent_died(signum, frame) -> None:
-        # Linux sends this when the *thread* that started us exits, too: only
-        # a changed parent pid means the session is gone.
-        if os.getppid() != parent:
-            daemon.request_stop("the process that started the daemon is gone")
+        def parent_died(signum, frame) -> None:
+            # Linux sends this when the *thread* that started us exits, too: only
+            # a changed parent pid means the session is gone.
+            if os.getppid() != parent:
+                daemon.request_stop("the process that started the daemon is gone")
 
-    signal.signal(PARENT_DEATH_SIGNAL, parent_died)
-    watch = ParentWatch(parent, stop, has_death_signal=set_parent_death_signal(PARENT_DEATH_SIGNAL))
+        signal.signal(PARENT_DEATH_SIGNAL, parent_died)
+        watch = ParentWatch(parent, stop, has_death_signal=set_parent_death_signal(PARENT_DEATH_SIGNAL))
+        try:
+            held.enter_context(UnixHttpServer(socket_path, routes))
+        except BadConfig as exc:
+            return _refused(exc)
+        held.callback(lambda: log.info("stopped: %s", daemon.stop_reason))
 
-    server = UnixHttpServer(socket_path, routes)
-    try:
-        server.listen()
-    except BadConfig as exc:
-        lock.release()
-        stop_logging()
-        return _refused(exc)
-    if not simulated:
-        engine.hello(socket_path)
-    watch.start()
-    if not daemon.wait(0):
-        daemon.start()
-    daemon.wait()
-    arm_exit_deadline(EXIT_DEADLINE)
-    daemon.shutdown()
-    server.close()
-    lock.release()
-    log.info("stopped: %s", daemon.stop_reason)
-    stop_logging()
+        if not simulated:
+            engine.hello(socket_path)
+        watch.start()
+        if not daemon.wait(0):
+            daemon.start()
+        daemon.wait()
+        arm_exit_deadline(EXIT_DEADLINE)
+        daemon.shutdown()
     # Threads still parked (a fork that will never answer, a lock waiter)
     # must not hold the exit: everything worth finishing has finished.
     os._exit(daemon.exit_code)
@@ -231,20 +240,100 @@ def arm_exit_deadline(seconds: float) -> None:
 
 
 def _refused(exc: BadConfig) -> int:
-    """A configuration the daemon refuses: its one line, and exit 2 (the relay does not restart it)."""
-    print(f"lich-control: {exc}", file=sys.stderr)
-    return 2
-
-
-def _lock_wait() -> float:
+    """A configuration the daemon refuses: its one line, and exit 2."""
     try:
-        return max(0.0, float(os.environ.get("LICH_CONTROL_LOCK_WAIT", LOCK_WAIT_SECONDS)))
-    except ValueError:
-        return LOCK_WAIT_SECONDS
+        print(f"lich-control: {escape(str(exc), 1000)}", file=sys.stderr, flush=True)
+    except OSError:
+        pass  # a stderr that takes nothing: the exit code says it
+    return REFUSED
 
 
 def _no_relay(doc) -> None:
     log.info("a relay message reached a daemon on the simulated session; ignored")
+
+
+# -- the parent ---------------------------------------------------------------
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send `sig` when our parent dies (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        # The interpreter's own symbols include libc's: no library search
+        # (find_library runs ldconfig, ~5 ms of the daemon's start).
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class ParentWatch:
+    """Calls `on_gone` once when the parent dies or closes our stdin or stdout.
+
+    Linux's parent-death signal covers the parent's death with no thread; a
+    watcher thread blocks in poll() on the pipes for the rest, and only where
+    the platform has no such signal does it also wake once a second to
+    compare the parent's pid."""
+
+    def __init__(self, parent_pid: int, on_gone: Callable[[str], None], has_death_signal: bool):
+        self._parent_pid = parent_pid
+        self._on_gone = on_gone
+        self._timeout_ms = None if has_death_signal else int(PARENT_CHECK_SECONDS * 1000)
+        self._thread = threading.Thread(target=self._run, name="lich-lifeline", daemon=True)
+
+    def start(self) -> None:
+        # After the death signal is asked for: a parent gone before then is
+        # seen here, one gone after it by the signal.
+        if os.getppid() != self._parent_pid:
+            self._on_gone("the process that started the daemon is gone")
+            return
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = select.poll()
+        watched = 0
+        for fd, events in ((0, select.POLLIN), (1, 0)):
+            if fd == 0 and _is_pipe(0) and _at_end(0):
+                # A stdin closed from the start (a spawn given no input) says
+                # nothing about the parent; only one closed later does.
+                continue
+            if _is_pipe(fd):
+                poller.register(fd, events)  # POLLHUP and POLLERR are always reported
+                watched += 1
+        if not watched and self._timeout_ms is None:
+            return  # nothing to watch; the death signal covers the parent
+        while True:
+            ready = poller.poll(self._timeout_ms)
+            if os.getppid() != self._parent_pid:
+                return self._on_gone("the process that started the daemon is gone")
+            for fd, event in ready:
+                if fd == 0 and event & select.POLLIN and not event & select.POLLHUP:
+                    if os.read(0, 65536):
+                        continue  # the relay sends nothing on stdin; ignore what comes
+                if fd == 0:
+                    return self._on_gone("the parent closed the daemon's stdin")
+                return self._on_gone("the parent closed its end of the daemon's stdout")
+
+
+def _at_end(fd: int) -> bool:
+    """True when fd is already at its end: hung up, or readable with nothing to read."""
+    probe = select.poll()
+    probe.register(fd, select.POLLIN)
+    ready = probe.poll(0)
+    if not ready:
+        return False
+    if ready[0][1] & select.POLLHUP and not ready[0][1] & select.POLLIN:
+        return True
+    return os.read(fd, 65536) == b"" if ready[0][1] & select.POLLIN else False
+
+
+def _is_pipe(fd: int) -> bool:
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 if __name__ == "__main__":

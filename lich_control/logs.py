@@ -1,22 +1,31 @@
-"""Logging: a private rotating file per session, warnings also on stderr.
+"""Logging, and the one place that makes text from outside safe to show.
 
-stdout is the bridge's and never carries a log line. Every record of the
-package passes the token filter before it is formatted, so not even an
-exception text that quotes a URL reaches a file or a terminal with the token.
+A private rotating file per session has every line; warnings go to stderr
+as well. stdout is the bridge's and never carries a log line.
+
+Text from outside is made safe by a `Redactor`: lich chooses every id, kind
+and reason it sends, and an error text may quote a URL, and so the token.
+The log filter passes every record through it, and the status document
+(activity.py) every string as it enters, so what one hides the other hides
+too:
+
+    redactor = Redactor(token)
+    redactor.clean(text, 200)   # redacted, escaped, cut to 200 characters
+    redactor.redact(text)       # only the token taken out
 """
 from __future__ import annotations
 
 import errno
-import io
 import logging
 import logging.handlers
 import os
+import select
+import stat
 import sys
-from typing import Callable, Optional
+from typing import List, Optional, Tuple
+from urllib.parse import quote, unquote, unquote_plus
 
-from .runfiles import NotOurs, open_own
-from .safe_text import Scrub, cut
-from .stderr_lines import StderrLines
+from .run_folder import NotOurs, open_file
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_BYTES = 1024 * 1024
@@ -25,73 +34,169 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # A message longer than this is cut: a 15 MB kind lich sent is not a 15 MB line.
 MAX_MESSAGE = 4096
 MAX_TRACEBACK = 64 * 1024  # its frames come first; only an exception's text runs long
+CUT = "…"
+REDACTED = "[token]"
 
 
-class Redact(logging.Filter):
+# -- safe text ---------------------------------------------------------------
+
+
+class Redactor:
+    """Takes the token out of a text, in each form a URL gives it: as it is,
+    quoted as the daemon quotes it (nothing safe), and as most clients would
+    (`/` left). Never in a repr or a traceback."""
+
+    def __init__(self, token: str):
+        raw = token.encode("utf-8", "surrogatepass")
+        self._forms: Tuple[str, ...] = tuple(dict.fromkeys((token, quote(raw, safe=""), quote(raw)))) if token else ()
+
+    def __repr__(self) -> str:
+        return "Redactor(...)"
+
+    def redact(self, text: str) -> str:
+        for form in self._forms:
+            if form in text:
+                text = text.replace(form, REDACTED)
+        if self._forms and ("%" in text or "+" in text):
+            # Quoted some other way (lower-case hex, `+` for a space): found
+            # in the text as decoded, which is then what is shown.
+            for decode in (unquote, unquote_plus):
+                decoded = decode(text)
+                if self._forms[0] in decoded:
+                    text = decoded.replace(self._forms[0], REDACTED)
+        return text
+
+    def clean(self, text: str, limit: int) -> str:
+        """Redacted before the cut, so no part of the token is left at it;
+        escaped within the limit, so a 15 MB text is never escaped whole;
+        redacted again, as an escape could spell a token holding a backslash."""
+        return self.redact(escape(self.redact(text), limit))
+
+
+def escape(text: str, limit: int) -> str:
+    """`text` with every character `str.isprintable` refuses written as its
+    Python escape (`\\n`, `\\x1b`, `\\u202e`, `\\udc80`), cut to `limit`
+    characters between escapes, never inside one, `…` marking the cut.
+
+    Those are the control characters (a newline starts a forged log line,
+    an ESC drives the terminal lich-mod-status prints on), the invisible and
+    bidirectional ones (U+200B, U+202E, U+FEFF: the Unicode format class),
+    the line and paragraph separators, and lone surrogates (no encoder takes
+    them)."""
+    head = text[:limit]  # escaping only lengthens: nothing past it can show
+    if head.isprintable():
+        return head if len(text) <= limit else head[: limit - 1] + CUT
+    pieces = [char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in head]
+    if len(text) <= limit and sum(map(len, pieces)) <= limit:
+        return "".join(pieces)
+    kept, room = [], limit - len(CUT)
+    for piece in pieces:
+        if len(piece) > room:
+            break
+        kept.append(piece)
+        room -= len(piece)
+    return "".join(kept) + CUT
+
+
+class SafeRecords(logging.Filter):
     """Makes every record safe to write: the token replaced wherever it
-    appears, its arguments included; the message cut to `MAX_MESSAGE` and its
-    control characters and lone surrogates escaped, so an id lich chose can
-    neither forge a line nor fill the disk. A traceback keeps its own lines,
-    each cut alike."""
+    appears, its arguments included; the message escaped and cut to
+    `MAX_MESSAGE`. A traceback keeps its own lines, each made safe alike."""
 
-    def __init__(self, secret: str):
+    def __init__(self, token: str):
         super().__init__()
-        self._scrub = Scrub.of(secret)
+        self._redactor = Redactor(token)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
+        record.msg, record.args = self._redactor.clean(record.getMessage(), MAX_MESSAGE), None
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
-        clean = self._scrub(text, MAX_MESSAGE)
-        if clean != text or record.args:
-            record.msg, record.args = clean, None
         if record.exc_text:
-            lines = cut(self._scrub.redact(record.exc_text), MAX_TRACEBACK).split("\n")
-            record.exc_text = "\n".join(self._scrub(line, MAX_MESSAGE) for line in lines)
+            lines = self._redactor.redact(record.exc_text)[:MAX_TRACEBACK].split("\n")
+            record.exc_text = "\n".join(self._redactor.clean(line, MAX_MESSAGE) for line in lines)
         return True
 
 
-def setup(token: str, level: Optional[str], log_path: Optional[str]) -> Callable[[], None]:
-    """Route the package's logging; returns the function that flushes and stops it.
+# -- stderr ------------------------------------------------------------------
 
-    Records are written where they are logged. A listener thread would take
-    the write off the caller, but waking it costs the caller more than the
-    write (a wake-up and the interpreter handed back and forth, per line).
+
+class StderrLines(logging.Handler):
+    """Warnings on stderr, written without ever waiting for room.
+
+    The relay may stop reading the daemon's stderr, and a pipe nobody reads
+    is full at 64 KiB: a blocking write would then hold the thread that logs
+    (the worker, and every later command) and the exit. So the descriptor is
+    made non-blocking and each line goes out in one write of at most
+    PIPE_BUF bytes, which a pipe takes whole or not at all. A line that finds
+    no room is dropped and counted (`dropped`, in the status document); the
+    log file has it anyway. Nothing here logs: a handler that logged its
+    own trouble would take another handler's lock inside its own.
     """
-    chosen = (level or "INFO").upper()
-    if chosen not in LEVELS:
-        print(f"lich-control: LICH_CONTROL_LOG_LEVEL must be one of {', '.join(LEVELS)}; using INFO", file=sys.stderr)
-        chosen = "INFO"
-    root = logging.getLogger("lich_control")
-    root.setLevel(chosen)
-    root.propagate = False
-    # urllib3 names URLs, and so the token, in some of its records: its
-    # warnings come through the same redaction, and nothing of it below that.
-    wire = logging.getLogger("urllib3")
-    wire.setLevel(logging.WARNING)
-    wire.propagate = False
-    err = StderrLines()  # never blocks on a stderr nobody reads
-    err.setLevel(logging.WARNING)
-    err.setFormatter(logging.Formatter("lich-control: %(message)s"))
-    handlers = [err]
-    if log_path:
-        # backslashreplace: a lone surrogate lich sent in an id is logged, not a logging error.
-        handler = PrivateRotatingFile(log_path, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8", errors="backslashreplace")
-        handler.setFormatter(logging.Formatter(FORMAT))
-        handlers.append(handler)
-    redact = Redact(token)  # on each handler, before it formats the record
-    for handler in handlers:
-        handler.addFilter(redact)
-        root.addHandler(handler)
-        wire.addHandler(handler)
 
-    def stop() -> None:
-        for handler in handlers:
-            root.removeHandler(handler)
-            wire.removeHandler(handler)
-            handler.close()
+    def __init__(self, fd: int = 2):
+        super().__init__()
+        self._fd = fd
+        self.dropped = 0  # written under the handler's lock (logging holds it around emit)
+        nonblocking(fd)
 
-    return stop
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:  # a record that cannot be formatted: the log file reports it
+            line = f"lich-control: a warning that could not be formatted ({record.name})"
+        if not self.put(line):
+            self.dropped += 1
+
+    def put(self, line: str) -> bool:
+        """One line out at once, or False. Any thread, no lock: one write of
+        at most PIPE_BUF bytes is never interleaved with another."""
+        data = one_write(line)
+        try:
+            return os.write(self._fd, data) == len(data)
+        except OSError:  # full (BlockingIOError), or nobody reads it any more
+            return False
+
+
+def nonblocking(fd: int) -> None:
+    """Make writes to `fd` fail at once rather than wait, without making
+    anyone else's writes do so: O_NONBLOCK belongs to the open file
+    description, which a stdout given `2>&1`, a terminal, or a parent's own
+    stderr may share with it. On Linux fd is given a description of its own
+    (reopened through /proc); elsewhere it is flipped only if stdin and
+    stdout are other files, and left blocking otherwise."""
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode):
+        return  # a file takes every write at once
+    try:
+        # O_NONBLOCK here too: opening a pipe nobody reads would wait for a reader.
+        own = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:  # a socket (it cannot be reopened), no /proc, or no reader
+        if any(_same_file(fd, other) for other in (0, 1)):
+            return
+    else:
+        os.dup2(own, fd)
+        os.close(own)
+    os.set_blocking(fd, False)
+
+
+def _same_file(fd: int, other: int) -> bool:
+    try:
+        a, b = os.fstat(fd), os.fstat(other)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def one_write(text: str) -> bytes:
+    """The line as UTF-8, cut to fit one write that a pipe takes whole."""
+    data = text.encode("utf-8", "backslashreplace") + b"\n"
+    if len(data) <= select.PIPE_BUF:
+        return data
+    end = b"...\n"
+    return data[: select.PIPE_BUF - len(end)].decode("utf-8", "ignore").encode("utf-8") + end
+
+
+# -- the log file ------------------------------------------------------------
 
 
 class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
@@ -99,25 +204,26 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
     included, and that checks its size without a stat and a second
     formatting of each record (the base class's cost per line).
 
-    The file is opened only if it is a plain file of ours (runfiles.open_own):
-    at the start anything else raises runfiles.NotOurs, and the daemon does
-    not start; found at a rotation, the file is given up, said once, and the
-    daemon goes on without it. A write that fails (a full disk, a file size
-    limit) loses its line, said once per spell of failures: never with
-    logging's own traceback on stderr, which a write to a pipe nobody reads
-    would block on, and the logging thread (the worker) with it.
-
-    Its state is guarded by the handler's own lock, which logging holds
-    around `emit`; what is to be said is said once that lock is released.
+    The file is opened only if it is a plain file of ours
+    (run_folder.open_file): at the start anything else raises NotOurs, and
+    the daemon does not start; found at a rotation, the file is given up and
+    the daemon goes on without it. A write that fails (a full disk, a file
+    size limit) loses its line. Either is said once per spell, with `say`
+    (one write to stderr, no logging): never logging's own traceback, whose
+    blocking write to a stderr nobody reads would hold the thread that logs.
+    Its state is guarded by the handler's own lock, held around `emit`.
     """
 
     given_up = False
-    _failing = False  # a write failed and was said; cleared by one that works
-    _wrote = True  # whether the record in hand was written
-    _note: Optional[str] = None  # to be said once the lock is released
+    _failing = False  # the last write failed; said when one that worked fails
+    _why: Optional[BaseException] = None
+
+    def __init__(self, path: str, say=lambda line: None, **kwargs):
+        self._say = say
+        super().__init__(path, **kwargs)
 
     def _open(self):
-        fd = open_own(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        fd = open_file(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         return open(fd, "a", encoding=self.encoding, errors=self.errors)
 
     def shouldRollover(self, record: logging.LogRecord) -> bool:
@@ -131,27 +237,22 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
             super().doRollover()
         except NotOurs as exc:
             self.given_up = True
-            self.stream = _Nowhere()  # the record in hand goes nowhere; later ones stop at emit
-            self._note = f"no more log file: {exc}"
-
-    def handle(self, record: logging.LogRecord) -> bool:
-        taken = super().handle(record)
-        # Said outside this handler's lock: saying it takes the stderr
-        # handler's, which that handler holds while it notes its own drops
-        # here. Taken in both orders, two threads could wait on each other.
-        with self.lock:
-            note, self._note = self._note, None
-        if note is not None:
-            logging.getLogger("lich_control.logs").warning("%s", note)
-        return taken
+            self.stream = open(os.devnull, "w")  # the record in hand goes nowhere; later ones stop at emit
+            self._say(f"lich-control: no more log file: {exc}")
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.given_up:
             return
-        self._wrote = True
-        super().emit(record)  # a failure comes to handleError, not here
-        if self._wrote:
-            self._failing = False
+        failing = self._failing
+        self._failing = False
+        super().emit(record)  # a failure comes to handleError, which sets it again
+        if self._failing and not failing:
+            why = errno.errorcode.get(getattr(self._why, "errno", None) or 0, type(self._why).__name__)
+            self._say(f"lich-control: writing the log file {self.baseFilename} failed ({why}): its lines are lost until a write works again")
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self._failing = True
+        self._why = sys.exc_info()[1]
 
     def close(self) -> None:
         try:
@@ -159,16 +260,53 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
         except OSError:
             pass  # its last lines could not be written either: said already, and the daemon is leaving
 
-    def handleError(self, record: logging.LogRecord) -> None:
-        self._wrote = False
-        if self._failing:
-            return
-        self._failing = True
-        exc = sys.exc_info()[1]
-        why = errno.errorcode.get(getattr(exc, "errno", None) or 0, type(exc).__name__)
-        self._note = f"writing the log file {self.baseFilename} failed ({why}): its lines are lost until a write works again"
+
+# -- setup -------------------------------------------------------------------
 
 
-class _Nowhere(io.TextIOBase):
-    def write(self, text: str) -> int:
-        return len(text)
+class Logs:
+    """The package's logging, routed to stderr and the log file; `close`
+    flushes and stops it. Records are written where they are logged: a
+    listener thread would take the write off the caller, but waking it
+    costs the caller more than the write."""
+
+    def __init__(self, token: str, level: Optional[str], log_path: Optional[str]):
+        chosen = (level or "INFO").upper()
+        if chosen not in LEVELS:
+            print(f"lich-control: LICH_CONTROL_LOG_LEVEL must be one of {', '.join(LEVELS)}; using INFO", file=sys.stderr)
+            chosen = "INFO"
+        self.stderr = StderrLines()
+        self.stderr.setLevel(logging.WARNING)
+        self.stderr.setFormatter(logging.Formatter("lich-control: %(message)s"))
+        self._handlers: List[logging.Handler] = [self.stderr]
+        if log_path:
+            # backslashreplace: a lone surrogate in a traceback is logged, not a logging error.
+            handler = PrivateRotatingFile(log_path, say=self.stderr.put, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8", errors="backslashreplace")
+            handler.setFormatter(logging.Formatter(FORMAT))
+            self._handlers.append(handler)
+        self._root = logging.getLogger("lich_control")
+        self._root.setLevel(chosen)
+        self._root.propagate = False
+        # urllib3 names URLs, and so the token, in some of its records: its
+        # warnings come through the same filter, and nothing of it below that.
+        self._wire = logging.getLogger("urllib3")
+        self._wire.setLevel(logging.WARNING)
+        self._wire.propagate = False
+        safe = SafeRecords(token)  # on each handler, before it formats the record
+        for handler in self._handlers:
+            handler.addFilter(safe)
+            self._root.addHandler(handler)
+            self._wire.addHandler(handler)
+
+    def close(self) -> None:
+        for handler in self._handlers:
+            self._root.removeHandler(handler)
+            self._wire.removeHandler(handler)
+            handler.close()
+
+    def __enter__(self) -> "Logs":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+

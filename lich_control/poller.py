@@ -23,7 +23,7 @@ import attrs
 
 from .commands import Command, Discarded, TooMany, loads
 from .lich import LichClient, LichGone, PollFailed
-from .status import Activity
+from .activity import Activity
 
 log = logging.getLogger("lich_control.poller")
 

@@ -8,8 +8,10 @@ a socket nothing answers on is reported as stale. Exit 0 when a daemon
 answered for what was asked, 1 otherwise. The socket is reached with
 `unix_socket.UnixConnection`, the one client of a daemon's socket.
 
-Whatever a document holds is printed, never a crash: for people every string
-is shown escaped (no control character reaches the terminal), and `--json`
+A document is printed as the daemon gave it: the daemon made every string
+in it safe as it entered (escaped, cut, the token taken out). One this
+command cannot read (a field missing, a null where text belongs) is
+reported on its daemon's row, never a crash that hides the others; `--json`
 is UTF-8 whatever the locale, a lone surrogate written as JSON's `\\udc80`.
 """
 from __future__ import annotations
@@ -27,7 +29,6 @@ import attrs
 
 from . import __version__
 from .config import run_dir, session_path
-from .safe_text import escape
 from .unix_socket import UnixConnection
 
 TIMEOUT = 2.0
@@ -43,9 +44,8 @@ class Found:
 
     @property
     def session(self) -> str:
-        if self.status is not None:
-            return self.status["daemon"]["session_id"]
-        return os.path.basename(self.socket)[: -len(".sock")]
+        named = self.status["daemon"].get("session_id") if self.status is not None else None
+        return named if isinstance(named, str) else os.path.basename(self.socket)[: -len(".sock")]
 
     def to_json(self) -> dict:
         return {"socket": self.socket, "session_id": self.session, "status": self.status, "stale": self.stale}
@@ -91,17 +91,6 @@ def sockets(folder: str) -> List[str]:
 
 
 # -- words for people -------------------------------------------------------
-
-
-def shown(value):
-    """`value` with every string in it escaped, keys included, for a terminal."""
-    if isinstance(value, str):
-        return escape(value)
-    if isinstance(value, dict):
-        return {shown(key): shown(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [shown(item) for item in value]
-    return value
 
 
 def age(seconds: Optional[float], suffix: str = " ago") -> str:
@@ -183,13 +172,11 @@ def table(rows: List[List[str]], paint: Paint, coloured_column: Optional[int] = 
 def overview(found: List[Found], paint: Paint) -> List[str]:
     rows = [["SESSION", "PID", "STATE", "LAST POLL", "TURN", "OVERRIDES", "IN FLIGHT", "DONE (ok/failed)", "UPTIME"]]
     for f in found:
-        s = shown(f.status)
-        if s is None:
-            rows.append([shown(f.session), "-", shown(f.stale), "-", "-", "-", "-", "-", "-"])
-            continue
-        rows.append(
-            [
-                shown(f.session),
+        s = f.status
+        try:
+            if s is None:
+                raise Unreadable(f.stale)
+            cells = [
                 str(s["daemon"]["pid"]),
                 state(s),
                 age(s["poll"].get("last_poll_age_s")),
@@ -199,12 +186,30 @@ def overview(found: List[Found], paint: Paint) -> List[str]:
                 counts(s),
                 age(s["daemon"]["uptime_s"], ""),
             ]
-        )
+        except READ_FAULTS as exc:
+            cells = ["-", unreadable(exc)] + ["-"] * 6
+        rows.append([f.session] + cells)
     return table(rows, paint, coloured_column=2)
 
 
+class Unreadable(Exception):
+    """A daemon's row with no status to show: why is its text."""
+
+
+# What a document this command cannot read raises as it is formatted.
+READ_FAULTS = (Unreadable, KeyError, TypeError, ValueError, AttributeError, IndexError)
+
+
+def unreadable(exc: Exception) -> str:
+    if isinstance(exc, Unreadable):
+        return str(exc)
+    if isinstance(exc, KeyError):
+        return f"its status has no {exc.args[0]!r}"
+    return f"its status cannot be read ({type(exc).__name__})"
+
+
 def detail(f: Found, paint: Paint) -> List[str]:
-    s = shown(f.status)
+    s = f.status
     d, poll = s["daemon"], s["poll"]
     why = f" ({poll['reason']})" if poll["state"] == "backing off" and poll["reason"] else ""
     retry = f", next poll in {poll['retry_in_s']:g} s" if poll.get("retry_in_s") is not None else ""
@@ -218,7 +223,7 @@ def detail(f: Found, paint: Paint) -> List[str]:
         ["in flight", "; ".join(f"{e['kind']} {e['id']} waiting on {e['waiting_on']} for {age(e['age_s'], '')}" for e in s["in_flight"]) or "-"],
         ["done", counts(s) + "  (ok/failed per kind)"],
         ["uptime", age(d["uptime_s"], "")],
-        ["socket", d.get("socket", shown(f.socket))],
+        ["socket", d.get("socket", f.socket)],
         ["log", d.get("log_file") or "-"],
     ]
     lines = []
@@ -264,15 +269,18 @@ def main(argv=None) -> int:
         found = ask(path)
         if args.json:
             print_json(found.to_json())
-        elif found.status is not None:
-            print("\n".join(detail(found, paint)))
-        if found.status is None:
-            print(f"lich-mod-status: session {args.session}: {found.stale} ({path})", file=sys.stderr)
-            return 1
+            return 0 if found.status is not None else _said(f"session {args.session}: {found.stale} ({path})")
+        try:
+            if found.status is None:
+                raise Unreadable(found.stale)
+            lines = detail(found, paint)
+        except READ_FAULTS as exc:
+            return _said(f"session {args.session}: {unreadable(exc)} ({path})")
+        print("\n".join(lines))
         return 0
 
     everything = [ask(path) for path in sockets(folder)]
-    everything.sort(key=lambda f: f.session)
+    everything.sort(key=lambda f: f.session)  # always a string: a document's own, or the socket's name
     if args.json:
         print_json({"run_dir": folder, "daemons": [f.to_json() for f in everything]})
     elif everything:
@@ -281,6 +289,11 @@ def main(argv=None) -> int:
         print(f"lich-mod-status: no daemon answers in {folder}", file=sys.stderr)
         return 1
     return 0
+
+
+def _said(problem: str) -> int:
+    print(f"lich-mod-status: {problem}", file=sys.stderr)
+    return 1
 
 
 def print_json(doc: dict) -> None:

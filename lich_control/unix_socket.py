@@ -1,41 +1,61 @@
 """The daemon's Unix socket: HTTP/1.1 for the relay's results and events, and status.
 
-Both ends are the standard library's. The server is `http.server` over
-`socketserver.ThreadingUnixStreamServer`: one thread accepts, each connection
-gets a thread that serves its requests while the relay keeps it alive, up to
-a bound on connections and on idle time (socket_connections). Nothing wakes
-on a timer: the accept and the reads block until the relay speaks, a read's
-timeout ends an idle connection, or `close` shuts the socket.
-`UnixConnection` is the client every tool and test uses to reach a daemon's
-socket.
+Both ends are the standard library's: `http.server`'s request handler on
+each connection, and `UnixConnection`, an `http.client` connection, the
+client every tool and test uses to reach a daemon's socket.
+
+One thread accepts; each connection gets a thread that serves its requests
+while the relay keeps it alive. What that costs is bounded three ways:
+  - places: at most `connections` are open. At the bound the one idle the
+    longest (between requests, nothing arriving) is closed for the
+    newcomer; with every place in a request the accepting thread waits for
+    one to end, and newcomers queue in the kernel's backlog, never refused;
+  - time: each read waits at most `idle_seconds`, so a connection idle or
+    stalled that long ends;
+  - memory: a body is read only once the bytes it declares fit in a budget
+    shared by every connection (`body_budget`), and given back once it is
+    taken; a body over `MAX_BODY` is refused unread.
+Nothing wakes on a timer: the accept and the reads block until the relay
+speaks, a read's timeout ends a connection, or `close` shuts the socket.
 """
 from __future__ import annotations
 
-import errno
 import http.client
 import json
 import logging
 import os
+import select
 import socket
-import socketserver
-import stat
-import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import attrs
 
 from .commands import TooMany, loads
-from .runfiles import refuse_foreign
-from .socket_connections import Connections, SocketLimits
+from .run_folder import check_socket
 
 log = logging.getLogger("lich_control.socket")
 
-BACKLOG = 512  # a burst of results must never be refused (bridge.md: at least 128)
+# A burst of results must be queued, never refused (bridge.md: at least 128).
+BACKLOG = 512
 MAX_BODY = 16 * 1024 * 1024
 SKIP_PIECE = 64 * 1024
+# After a failed accept (out of descriptors): the listener stays readable, so
+# the loop pauses rather than spins.
+ACCEPT_PAUSE = 0.1
 # A request line and a header line are bounded by http.server (64 KiB) and
 # the number of header lines by http.client (100): both answer 414 or 431.
 ROUTES = ("/v1/result", "/v1/event", "/v1/status")
+
+
+@attrs.frozen
+class SocketLimits:
+    connections: int = 64
+    idle_seconds: float = 60.0
+    # Two largest bodies at once: a burst of small results never waits on it.
+    body_budget: int = 2 * MAX_BODY
 
 
 class Routes:
@@ -45,22 +65,24 @@ class Routes:
         self.result, self.event, self.status, self.bad = result, event, status, bad
 
 
-# After a failure of the accepting loop itself, it waits this long before it
-# goes on, doubled per failure in a row up to the most: it never spins.
-ACCEPT_PAUSE, ACCEPT_PAUSE_MOST = 0.05, 1.0
-
-
 class UnixHttpServer:
+    """The socket: `listen` (or `with`) binds it and starts accepting, `close` ends both."""
+
     def __init__(self, path: str, routes: Routes, limits: SocketLimits = SocketLimits()):
         self.path = path
-        self._server = _Server(path, routes, limits)
-        self._thread = threading.Thread(target=self._serve, name="lich-socket", daemon=True)
+        self.routes = routes
+        self.limits = limits
+        self.connections = Connections(limits.connections)
+        self.budget = ByteBudget(limits.body_budget)
+        self._closing = threading.Event()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._thread = threading.Thread(target=self._accept, name="lich-socket", daemon=True)
 
     def listen(self) -> None:
         """Bind 0600 and start accepting. What is at the path is removed only
-        if it is a socket of ours (an earlier daemon's, stale: the session
-        lock is ours); anything else raises runfiles.NotOurs."""
-        refuse_foreign(self.path, stat.S_ISSOCK)
+        if it is a socket (an earlier daemon's, stale: the session lock is
+        ours); anything else raises run_folder.NotOurs."""
+        check_socket(self.path)
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -69,92 +91,160 @@ class UnixHttpServer:
         # no chmod by path follows.
         old = os.umask(0o177)
         try:
-            self._server.server_bind()
+            self._listener.bind(self.path)
         finally:
             os.umask(old)
-        self._server.server_activate()
+        self._listener.listen(BACKLOG)
         self._thread.start()
 
     def close(self) -> None:
-        self._server.closing.set()
+        self._closing.set()
+        self.connections.stop_waiting()
         try:
-            self._server.socket.shutdown(socket.SHUT_RDWR)  # wakes the accept
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
         except OSError:
             pass
-        self._server.server_close()
+        self._listener.close()
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
 
-    def _serve(self) -> None:
-        """The accepting thread's loop: it ends only when the server closes.
+    def __enter__(self) -> "UnixHttpServer":
+        self.listen()
+        return self
 
-        handle_request blocks until a connection comes (the server has no
-        timeout), where serve_forever would wake twice a second to look for a
-        shutdown request. A failure of its own (the selector, a thread that
-        would not start) is logged and the loop goes on: every later result
-        comes through here."""
-        pause = ACCEPT_PAUSE
-        while not self._server.closing.is_set():
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        """The accepting thread: it ends only when the server closes."""
+        failing = False  # one warning per spell of failures
+        while not self._closing.is_set():
             try:
-                self._server.handle_request()
-                pause = ACCEPT_PAUSE
-            except Exception as exc:  # ValueError among them: the socket closed under the selector
-                if self._server.closing.is_set():
+                sock, _ = self._listener.accept()
+            except OSError as exc:
+                if self._closing.is_set():
                     return
-                log.warning("accepting on the socket failed (%s: %s); going on", type(exc).__name__, exc)
-                self._server.closing.wait(pause)
-                pause = min(pause * 2, ACCEPT_PAUSE_MOST)
+                if not failing:
+                    log.warning("accepting on the socket failed (%s); trying again", exc.strerror or exc)
+                failing = True
+                self._closing.wait(ACCEPT_PAUSE)
+                continue
+            failing = False
+            try:
+                if not self.connections.admit(sock):
+                    sock.close()  # closing
+                    return
+                threading.Thread(target=self._serve, args=(sock,), name="lich-socket-conn", daemon=True).start()
+            except Exception:  # a thread that would not start: this connection is lost, the socket is not
+                log.exception("serving a new connection on the socket failed")
+                self.connections.close(sock)
 
-
-class _Server(socketserver.ThreadingUnixStreamServer):
-    daemon_threads = True
-    block_on_close = False  # a relay's idle kept-alive connection must not hold the exit
-    request_queue_size = BACKLOG
-
-    def __init__(self, path: str, routes: Routes, limits: SocketLimits):
-        super().__init__(path, _Handler, bind_and_activate=False)
-        self.routes = routes
-        self.closing = threading.Event()
-        self.connections = Connections(limits)
-        self._refusing = False  # the accepting thread's: one warning per run of refusals
-
-    def get_request(self) -> Tuple[socket.socket, Any]:
+    def _serve(self, sock: socket.socket) -> None:
+        """A connection's thread: its requests, in turn, until it closes."""
         try:
-            return super().get_request()
-        except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                # Out of descriptors or memory: the listener stays readable,
-                # so back off briefly instead of spinning on it.
-                log.warning("accepting on %s failed: %s", self.server_address, exc.strerror)
-                self.closing.wait(0.1)
-            raise  # handle_request drops this attempt and the loop goes on
-
-    def process_request(self, request: socket.socket, client_address: Any) -> None:
-        # ThreadingMixIn's, with the thread named for what it does, once the
-        # connection has a place within the bound.
-        if not self.connections.admit(request):
-            if not self._refusing:
-                log.warning("refusing connections on the socket: %d are open, each in a request", len(self.connections))
-            self._refusing = True
-            return self.shutdown_request(request)
-        self._refusing = False
-        threading.Thread(target=self.process_request_thread, args=(request, client_address), name="lich-socket-conn", daemon=True).start()
-
-    def shutdown_request(self, request: socket.socket) -> None:
-        self.connections.close(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A relay hanging up mid-request is its business; anything else is a bug.
-        if not isinstance(sys.exc_info()[1], ConnectionError):
+            _Handler(sock, "", self)
+        except OSError:
+            pass  # the relay hung up or stalled past the idle limit: its business
+        except Exception:
             log.exception("serving a connection on the socket failed")
+        finally:
+            self.connections.close(sock)
+
+
+class Connections:
+    """The open connections, each with whether a request is under way.
+
+    Shared by the accepting thread (admit) and each connection's thread (its
+    own entry, and close); one condition guards the table, and a socket is
+    shut down or closed only under it, so the accepting thread never acts on
+    a descriptor another thread has closed and the system reused. An entry
+    holds when its connection went idle, or None while it is in a request.
+    """
+
+    def __init__(self, most: int):
+        self._most = most
+        self._cond = threading.Condition()
+        self._idle_since: Dict[socket.socket, Optional[float]] = {}
+        self._stopped = False
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._idle_since)
+
+    def admit(self, sock: socket.socket) -> bool:
+        """The accepting thread: True once `sock` has a place; False if the
+        server closed meanwhile. At the bound the connection idle the longest
+        gives way; with none idle, it waits until one is, or one closes."""
+        with self._cond:
+            while len(self._idle_since) >= self._most and not self._stopped:
+                idle = [(since, s) for s, since in self._idle_since.items() if since is not None and not _readable(s)]
+                if idle:
+                    victim = min(idle, key=lambda pair: pair[0])[1]
+                    del self._idle_since[victim]  # its thread wakes, ends, and closes it
+                    _hang_up(victim)
+                else:
+                    self._cond.wait()
+            if self._stopped:
+                return False
+            self._idle_since[sock] = time.monotonic()
+            return True
+
+    def idle(self, sock: socket.socket) -> None:
+        """The connection's thread: waiting for its next request."""
+        with self._cond:
+            if sock in self._idle_since:
+                self._idle_since[sock] = time.monotonic()
+                self._cond.notify_all()
+
+    def begin(self, sock: socket.socket) -> bool:
+        """The connection's thread: a request has begun. False if the
+        connection gave way first; its thread then ends it unanswered."""
+        with self._cond:
+            if sock not in self._idle_since:
+                return False
+            self._idle_since[sock] = None
+            return True
+
+    def close(self, sock: socket.socket) -> None:
+        """Any thread: close `sock` and free its place."""
+        with self._cond:
+            self._idle_since.pop(sock, None)
+            _hang_up(sock, socket.SHUT_WR)  # as socketserver does: the answer is not cut
+            sock.close()
+            self._cond.notify_all()
+
+    def stop_waiting(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+
+class ByteBudget:
+    """Bytes of request bodies held at once, across every connection: a
+    reader waits until its body fits. Each body is given back as soon as it
+    is taken, so the wait is never longer than another body's parsing."""
+
+    def __init__(self, total: int):
+        self._free = total
+        self._cond = threading.Condition()
+
+    def take(self, size: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._free >= size)
+            self._free -= size
+
+    def give(self, size: int) -> None:
+        with self._cond:
+            self._free += size
+            self._cond.notify_all()
 
 
 class _Handler(BaseHTTPRequestHandler):
     """One relay connection: its requests answered in turn while it stays open."""
 
-    server: _Server
+    server: UnixHttpServer
     protocol_version = "HTTP/1.1"  # keep-alive
     server_version = "lich-control"
     sys_version = ""
@@ -163,19 +253,19 @@ class _Handler(BaseHTTPRequestHandler):
     error_content_type = "text/plain; charset=utf-8"
 
     def setup(self) -> None:
-        self.timeout = self.server.connections.limits.idle_seconds  # each read's: an idle connection ends
+        self.timeout = self.server.limits.idle_seconds  # each read's: an idle connection ends
         super().setup()
 
     def handle_one_request(self) -> None:
         # Idle until the next request's first byte: only then is it read,
-        # unless the connection was given up for a new one meanwhile.
+        # unless the connection gave way for a new one meanwhile.
         connections = self.server.connections
         connections.idle(self.connection)
         try:
             begun = bool(self.rfile.peek(1))
         except OSError:  # TimeoutError among them: idle past the limit
             begun = False
-        if not begun or not connections.reading(self.connection):
+        if not begun or not connections.begin(self.connection):
             self.close_connection = True
             return
         super().handle_one_request()
@@ -192,25 +282,46 @@ class _Handler(BaseHTTPRequestHandler):
         sink = {"/v1/result": routes.result, "/v1/event": routes.event}.get(self._route())
         if sink is None:
             return self._elsewhere()
-        body = self._body()
-        if body is None:
-            return
+        length = self._declared_length()
+        if length is None:
+            self.close_connection = True
+            return self._reply(411, b"a Content-Length is required\n")
+        if length > MAX_BODY:
+            self.close_connection = True  # the body is left unread
+            return self._reply(413, b"the body is too large\n")
+        budget = self.server.budget
+        budget.take(length)
         try:
-            doc = loads(body)  # an over-long integer is no reason to refuse a result
+            status, text = self._take(sink, length)
+        finally:
+            budget.give(length)
+        if status is not None:
+            self._reply(status, text)
+
+    def _take(self, sink, length: int) -> Tuple[Optional[int], bytes]:
+        """Read the body, parse it and hand it to `sink`: the answer to send,
+        or no status when the relay hung up mid-body."""
+        body = self.rfile.read(length)
+        if len(body) < length:
+            self.close_connection = True
+            return None, b""
+        try:
+            doc = loads(body)  # the poll's reader: the same bound on the values it builds
         except TooMany as exc:
-            return self._reply(400, f"{exc}\n".encode())
+            return 400, f"{exc}\n".encode()
         except (ValueError, RecursionError):
-            # ValueError: not JSON, or not UTF-8; nesting
-            # deeper than the interpreter's stack is a RecursionError.
-            return self._reply(400, b"the body is not JSON\n")
+            # ValueError: not JSON, or not UTF-8; nesting deeper than the
+            # interpreter's stack is a RecursionError.
+            return 400, b"the body is not JSON\n"
+        del body
         try:
             sink(doc)
-        except routes.bad as exc:
-            return self._reply(400, f"{exc}\n".encode("utf-8", "backslashreplace"))
+        except self.server.routes.bad as exc:
+            return 400, f"{exc}\n".encode("utf-8", "backslashreplace")
         except Exception:  # a bug: the relay still gets an answer, and the connection lives
             log.exception("taking a message on %s failed", self._route())
-            return self._reply(500, b"the daemon failed to take it (see its log)\n")
-        self._reply(204, b"")
+            return 500, b"the daemon failed to take it (see its log)\n"
+        return 204, b""
 
     def __getattr__(self, name: str):
         # Any other method: 405 on our paths, 404 elsewhere (the contract),
@@ -236,25 +347,6 @@ class _Handler(BaseHTTPRequestHandler):
         length = self._declared_length(missing="0")
         if length is None or length > MAX_BODY or not _skip(self.rfile, length):
             self.close_connection = True
-        self.server.connections.answering(self.connection)
-
-    def _body(self) -> Optional[bytes]:
-        """The request's body, or None once a refusal is sent."""
-        length = self._declared_length()
-        if length is None:
-            self.close_connection = True
-            self._reply(411, b"a Content-Length is required\n")
-            return None
-        if length > MAX_BODY:
-            self.close_connection = True  # the body is left unread
-            self._reply(413, b"the body is too large\n")
-            return None
-        body = self.rfile.read(length)
-        if len(body) < length:
-            self.close_connection = True  # the relay hung up mid-body
-            return None
-        self.server.connections.answering(self.connection)
-        return body
 
     def _declared_length(self, missing: Optional[str] = None) -> Optional[int]:
         """The body's length as the request declares it (`missing` stands in
@@ -273,7 +365,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         else:  # so a client stops using the connection before it is closed idle
-            self.send_header("Keep-Alive", f"timeout={self.server.connections.limits.idle_seconds:g}")
+            self.send_header("Keep-Alive", f"timeout={self.server.limits.idle_seconds:g}")
         self.end_headers()
         if status != 204 and self.command != "HEAD":
             self.wfile.write(body)
@@ -294,6 +386,21 @@ def _skip(stream, size: int) -> bool:
             return False
         size -= len(piece)
     return True
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Its next request is arriving: it counts as begun."""
+    probe = select.poll()
+    probe.register(sock, select.POLLIN)
+    return bool(probe.poll(0))
+
+
+def _hang_up(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:
+    # SHUT_RDWR wakes a thread blocked reading the socket.
+    try:
+        sock.shutdown(how)
+    except OSError:
+        pass  # already hung up, or closed
 
 
 class UnixConnection(http.client.HTTPConnection):

@@ -21,7 +21,7 @@ import attrs
 from .acks import Ack, Acks
 from .bridge import CallResult, Engine, Overrides, Turns
 from .commands import UNKNOWN_KIND, Command, ask_prompt, notification_text
-from .status import Activity
+from .activity import Activity
 
 log = logging.getLogger("lich_control.worker")
 

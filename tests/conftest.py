@@ -79,7 +79,7 @@ def relay(daemon_env):
     started = []
 
     def start(env=None, args=(), **kw):
-        r = Relay(dict(daemon_env, **(env or {})), args=args, **kw)
+        r = Relay(dict(daemon_env, LICH_CONTROL_PARENT_PID=str(os.getpid()), **(env or {})), args=args, **kw)
         started.append(r)
         return r
 

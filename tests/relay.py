@@ -17,22 +17,25 @@ from lich_control.unix_socket import unix_request
 class Relay:
     """The daemon started the way the relay starts it, and the relay's half of the bridge."""
 
-    def __init__(self, env, args=(), stdin=subprocess.PIPE, module="lich_control.daemon"):
-        # module: lich_dev.sim for the daemon on the simulated session
+    def __init__(self, env, args=(), stdin=subprocess.PIPE, module="lich_control.daemon", stderr=subprocess.PIPE):
+        # module: lich_dev.sim for the daemon on the simulated session; stderr:
+        # a descriptor of the test's own, which then reads it itself
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *args],
             cwd=ROOT,
             env=daemon_env(**env),
             stdin=stdin,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=stderr,
         )
         self.argv = _cmdline(self.proc.pid)
         self.stdout_raw = []
         self.lines = queue.Queue()
         self.stderr_lines = []
         self.hello = None
-        self._readers = [threading.Thread(target=self._read_stdout, daemon=True), threading.Thread(target=self._read_stderr, daemon=True)]
+        self._readers = [threading.Thread(target=self._read_stdout, daemon=True)]
+        if self.proc.stderr is not None:
+            self._readers.append(threading.Thread(target=self._read_stderr, daemon=True))
         for reader in self._readers:
             reader.start()
 

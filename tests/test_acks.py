@@ -16,7 +16,7 @@ from lich_control.acks import ANSWER_UNITS, MAX_BODY_BYTES, TRUNCATED, Ack, Acks
 from lich_control.bridge import CallResult, Turns
 from lich_control.config import Config
 from lich_control.lich import LichClient
-from lich_control.status import Activity
+from lich_control.activity import Activity
 
 TOKEN = "ack/tok+en&x=1"
 URL = f"http://127.0.0.1:4312/mod/acks?token={quote(TOKEN, safe='')}"

@@ -1,9 +1,8 @@
 import os
-import stat
 
 import pytest
 
-from lich_control.config import BadConfig, Config, NotInLich, ensure_run_dir, parse_port, run_dir, session_path
+from lich_control.config import BadConfig, Config, NotInLich, lock_wait, parse_port, run_dir, session_path
 
 FULL = {"LICH_PORT": "4242", "LICH_TOKEN": "t", "LICH_SESSION_ID": "s1", "LICH_CONTROL_RUN_DIR": "/tmp/r"}
 
@@ -37,6 +36,16 @@ def test_the_run_folder_follows_the_documented_order():
     assert run_dir({}).endswith(f"lich-control-{os.getuid()}")
 
 
+def test_a_relative_run_folder_is_made_absolute_and_a_relative_xdg_folder_ignored(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_dir({"LICH_CONTROL_RUN_DIR": "run"}) == str(tmp_path / "run")
+    assert run_dir({"XDG_RUNTIME_DIR": "xdg"}) == run_dir({})  # the XDG spec: a relative path is invalid
+
+
+def test_the_lock_wait_is_5_s_unless_set_to_a_number():
+    assert (lock_wait({}), lock_wait({"LICH_CONTROL_LOCK_WAIT": "0.5"}), lock_wait({"LICH_CONTROL_LOCK_WAIT": "soon"})) == (5.0, 0.5, 5.0)
+
+
 def test_a_plain_session_id_names_its_files():
     assert session_path("/r", "card-7", "sock") == "/r/card-7.sock"
 
@@ -51,31 +60,6 @@ def test_an_awkward_session_id_gets_a_short_hashed_name(session):
 def test_a_long_run_folder_falls_back_to_the_hashed_name():
     folder = "/tmp/" + "d" * 90
     assert os.path.basename(session_path(folder, "s1", "sock")).startswith("s-")
-
-
-def test_a_run_folder_it_creates_is_0700_whatever_the_umask(tmp_path):
-    folder = tmp_path / "run"
-    old = os.umask(0o277)  # would leave it 0500, unusable
-    try:
-        ensure_run_dir(str(folder))
-    finally:
-        os.umask(old)
-    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
-
-
-def test_an_existing_private_enough_run_folder_is_used_as_it_is(tmp_path):
-    folder = tmp_path / "run"
-    folder.mkdir()
-    os.chmod(folder, 0o755)
-    ensure_run_dir(str(folder))
-    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o755
-
-
-def test_a_run_folder_that_is_a_file_is_refused(tmp_path):
-    path = tmp_path / "file"
-    path.write_text("")
-    with pytest.raises(BadConfig, match="is not a folder"):
-        ensure_run_dir(str(path))
 
 
 @pytest.mark.parametrize("name", ["LICH_TOKEN", "LICH_SESSION_ID"])

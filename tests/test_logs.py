@@ -1,55 +1,132 @@
+"""Logging: every line made safe (the token out, escaped, cut), a private
+rotating file that gives up rather than write through what it did not
+make, and a stderr that never makes a thread wait."""
+import fcntl
 import logging
 import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+from urllib.parse import quote
+
+import pytest
 
 from lich_control import logs
-from lich_control.lifeline import SessionLock
+from lich_control.logs import Logs, Redactor, escape
+from lich_control.run_folder import NotOurs
+from lich_dev import procs
+from lich_dev.faults import AckAnswer
 
 SECRET = "tok/en+with&odd=chars"
+WAIT = 10.0
+F_SETPIPE_SZ = 1031  # Linux's fcntl: the smallest pipe is one page
+
+
+def written_by(tmp_path, *lines, level="DEBUG", logger="lich_control.test"):
+    """What the log file holds once `lines` (callables taking the logger) ran."""
+    path = tmp_path / "s1.log"
+    with Logs(SECRET, level, str(path)):
+        for line in lines:
+            line(logging.getLogger(logger))
+    return path.read_text()
+
+
+# -- safe text -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", [SECRET, quote(SECRET, safe=""), quote(SECRET), "tok%2fen%2bwith%26odd%3dchars"])
+def test_the_token_is_redacted_in_each_form_a_url_gives_it(form):
+    assert Redactor(SECRET).redact(f"GET /mod/acks?token={form} HTTP/1.1") == "GET /mod/acks?token=[token] HTTP/1.1"
+    assert SECRET not in repr(Redactor(SECRET))
+
+
+@pytest.mark.parametrize(
+    "char",
+    ["\n", "\r", "\x1b", "\x00", "\x7f", "\x9b", "\udc80", "\u2028", "\u2029", "\u202e", "\u200b", "\ufeff", "\u2066", "\u00ad"],
+    ids=repr,
+)
+def test_control_invisible_and_bidirectional_characters_are_escaped(char):
+    shown = escape(f"m1{char}x", 200)
+    assert shown == "m1" + char.encode("unicode_escape").decode() + "x" and shown.isprintable()
+
+
+def test_a_cut_falls_between_escapes_never_inside_one():
+    assert escape("a" * 300, 200) == "a" * 199 + "…"
+    assert escape("ab\u202ecd", 200) == "ab\\u202ecd"
+    assert escape("abc\u202e", 8) == "abc…"  # `\u202e` would not fit whole
+    assert escape("日本語", 200) == "日本語"
+
+
+# -- the log filter ---------------------------------------------------------------------------
 
 
 def test_the_token_never_reaches_a_log_line(tmp_path, capfd):
-    path = tmp_path / "s1.log"
-    stop = logs.setup(SECRET, "DEBUG", str(path))
-    try:
-        log = logging.getLogger("lich_control.test")
+    def lines(log):
         log.warning("url was http://x/?token=%s", SECRET)
-        log.info("quoted: %s", "tok%2Fen%2Bwith%26odd%3Dchars")
+        log.info("quoted: %s", quote(SECRET, safe=""))
         try:
             raise ValueError(f"boom {SECRET}")
         except ValueError:
             log.exception("failed with %s", SECRET)
-    finally:
-        stop()
-    written = path.read_text() + capfd.readouterr().err
+
+    written = written_by(tmp_path, lines) + capfd.readouterr().err
     assert "[token]" in written and "boom" in written and "quoted: [token]" in written
-    assert SECRET not in written and "tok%2Fen%2Bwith%26odd%3Dchars" not in written
+    assert SECRET not in written and quote(SECRET, safe="") not in written
 
 
-def test_stop_writes_every_queued_line(tmp_path):
-    path = tmp_path / "s1.log"
-    stop = logs.setup("tok-9x", "INFO", str(path))
-    log = logging.getLogger("lich_control.test")
-    for i in range(500):
-        log.info("line %d", i)
-    stop()
-    lines = path.read_text().splitlines()
-    assert len(lines) == 500 and lines[-1].endswith("line 499")
+def test_a_newline_or_a_bidirectional_mark_in_an_id_cannot_forge_a_line_and_a_traceback_keeps_its_lines(tmp_path):
+    def lines(log):
+        log.info("acked %s (abort)", "m1\n2026-12-01 00:00:00,000 INFO lich_control.worker: forged\x1b]0;x\x07\u202e")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("it failed")
+
+    lines_ = written_by(tmp_path, lines).splitlines()
+    assert not any(line.startswith("2026-12-01 00:00:00,000") for line in lines_)
+    assert any(line.endswith("acked m1\\n2026-12-01 00:00:00,000 INFO lich_control.worker: forged\\x1b]0;x\\x07\\u202e (abort)") for line in lines_)
+    frames = lines_[lines_.index("Traceback (most recent call last):") + 1 :]
+    assert frames[0].startswith('  File "') and frames[-1] == "ValueError: boom"
 
 
-def test_the_level_decides_what_is_written(tmp_path):
-    path = tmp_path / "s1.log"
-    stop = logs.setup("tok-9x", "warning", str(path))
-    log = logging.getLogger("lich_control.test")
-    log.info("not this")
-    log.warning("but this")
-    stop()
-    assert "not this" not in path.read_text() and "but this" in path.read_text()
+def test_a_15_mb_message_is_not_a_15_mb_log_line(tmp_path):
+    written = written_by(tmp_path, lambda log: log.warning("lich sent kind %s", "k" * 15_000_000 + SECRET))
+    assert len(written) < 5_000 and written.rstrip("\n").endswith("…")
+
+
+def test_a_lone_surrogate_is_logged_escaped(tmp_path, capfd):
+    assert "lich sent m\\udc80 again" in written_by(tmp_path, lambda log: log.info("lich sent %s again", "m\udc80"))
+    assert "Logging error" not in capfd.readouterr().err
+
+
+def test_urllib3s_warnings_are_redacted_and_its_debug_lines_never_written(tmp_path):
+    def lines(log):
+        log.debug('http://127.0.0.1:1 "GET /mod/commands?token=%s HTTP/1.1" 200 2', SECRET)
+        log.warning("Retrying after connection broken: /mod/commands?token=%s", SECRET)
+
+    written = written_by(tmp_path, lines, logger="urllib3.connectionpool")
+    assert "Retrying after connection broken: /mod/commands?token=[token]" in written
+    assert "GET /mod/commands" not in written and SECRET not in written
+
+
+def test_the_level_decides_what_is_written_and_close_writes_every_line(tmp_path):
+    def lines(log):
+        log.info("not this")
+        for i in range(500):
+            log.warning("line %d", i)
+
+    written = written_by(tmp_path, lines, level="warning").splitlines()
+    assert len(written) == 500 and written[-1].endswith("line 499")
+
+
+# -- the file --------------------------------------------------------------------------------
 
 
 def test_the_log_file_and_every_rotation_are_0600(tmp_path):
     path = str(tmp_path / "s2.log")
     handler = logs.PrivateRotatingFile(path, maxBytes=200, backupCount=2, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(message)s"))
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "y" * 120, None, None)
     for _ in range(6):
         handler.emit(record)
@@ -57,41 +134,133 @@ def test_the_log_file_and_every_rotation_are_0600(tmp_path):
     names = sorted(os.listdir(tmp_path))
     assert names == ["s2.log", "s2.log.1", "s2.log.2"]
     assert all((os.stat(tmp_path / n).st_mode & 0o777) == 0o600 for n in names)
-    assert os.path.getsize(path) < 400
 
 
-def test_a_session_lock_admits_one_holder_and_is_removed_on_release(tmp_path):
-    path = str(tmp_path / "s1.lock")
-    first, second = SessionLock(path), SessionLock(path)
-    assert first.acquire(0)
-    assert not second.acquire(0)  # held: refused at once
-    first.release()
-    assert not (tmp_path / "s1.lock").exists()
-    third = SessionLock(path)
-    assert third.acquire(0)
-    third.release()
+def test_a_link_at_the_logs_name_stops_the_start(tmp_path):
+    os.symlink(tmp_path / "elsewhere", tmp_path / "s1.log")
+    with pytest.raises(NotOurs, match="is a symbolic link"):
+        Logs(SECRET, "INFO", str(tmp_path / "s1.log"))
+    assert not (tmp_path / "elsewhere").exists()
 
 
-def test_urllib3s_warnings_are_redacted_and_its_debug_lines_never_written(tmp_path):
-    path = tmp_path / "s1.log"
-    stop = logs.setup(SECRET, "DEBUG", str(path))
+def test_a_link_planted_at_a_rotation_is_not_written_through_and_is_said_once(tmp_path):
+    path, victim = tmp_path / "s1.log", tmp_path / "victim"
+    victim.write_text("theirs")
+    said = []
+    handler = logs.PrivateRotatingFile(str(path), say=said.append, maxBytes=200, backupCount=2, encoding="utf-8")
+
+    def rotate_then_plant(source, dest):  # the moment a racing hand would choose
+        os.rename(source, dest)
+        os.symlink(victim, source)
+
+    handler.rotator = rotate_then_plant
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "a line long enough to fill the file soon", None, None)
+    for _ in range(20):
+        handler.handle(record)
+    handler.close()
+    assert victim.read_text() == "theirs" and handler.given_up
+    assert said == [f"lich-control: no more log file: {path} is a symbolic link, not a file the daemon made: it will not write through it; remove it"]
+
+
+def _tiny_files():
+    # Room for the lock's pid, not for the log's second line: every later
+    # write of the log fails (EFBIG; Python ignores SIGXFSZ).
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
+
+
+def test_a_log_file_that_cannot_be_written_is_said_once_and_never_blocks_on_an_unread_stderr(daemon_env, lich):
+    # logging's own handleError printed a traceback per failed line to stderr
+    # with a blocking write: with the relay not reading it, the worker
+    # blocked in its ack's log line and every later command waited.
+    err_r, err_w = os.pipe()
+    fcntl.fcntl(err_w, F_SETPIPE_SZ, 4096)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lich_control.daemon"], cwd=procs.ROOT, env=procs.daemon_env(**daemon_env),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err_w, preexec_fn=_tiny_files,
+    )
+    os.close(err_w)
     try:
-        wire = logging.getLogger("urllib3.connectionpool")
-        wire.debug('http://127.0.0.1:1 "GET /mod/commands?token=%s HTTP/1.1" 200 2', SECRET)
-        wire.warning("Retrying after connection broken: /mod/commands?token=%s", SECRET)
+        assert lich.wait_polled("s1", WAIT)
+        for _ in range(12):  # each logs a line at INFO; three tracebacks filled the pipe
+            outcome = lich.send("s1", {"kind": "abort"}, timeout=WAIT)
+            assert outcome.state == "acked" and outcome.error == "no turn is running", outcome
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(WAIT) == 0  # closing the log file that cannot be flushed is no crash
+        err = os.read(err_r, 65536).decode("utf-8", "replace")
     finally:
-        stop()
-    written = path.read_text()
-    assert "Retrying after connection broken: /mod/commands?token=[token]" in written
-    assert "GET /mod/commands" not in written and SECRET not in written
+        procs.stop(proc)
+        os.close(err_r)
+    assert "Traceback" not in err, err
+    assert err.count("writing the log file") == 1 and "(EFBIG)" in err, err
 
 
-def test_a_lone_surrogate_is_logged_escaped(tmp_path, capfd):
-    path = tmp_path / "s1.log"
-    stop = logs.setup("tok-9x", "INFO", str(path))
+# -- stderr ----------------------------------------------------------------------------------
+
+
+def full_pipe():
+    """A pipe whose buffer is full: the next blocking write would wait."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
     try:
-        logging.getLogger("lich_control.test").info("lich sent %s again", "m\udc80")
+        while True:
+            os.write(write_fd, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_fd, True)  # the writer under test is given a plain, blocking pipe
+    return read_fd, write_fd
+
+
+def test_a_full_stderr_drops_lines_and_counts_them_without_waiting(tmp_path):
+    read_fd, write_fd = full_pipe()
+    handler = logs.StderrLines(write_fd)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    try:
+        for n in range(3):
+            handler.handle(logging.LogRecord("x", logging.WARNING, __file__, 1, f"line {n}", None, None))
+        assert handler.dropped == 3
+        os.read(read_fd, 1 << 20)  # room again
+        handler.handle(logging.LogRecord("x", logging.WARNING, __file__, 1, "line 3", None, None))
+        assert os.read(read_fd, 1 << 16).endswith(b"line 3\n") and handler.dropped == 3
     finally:
-        stop()
-    assert "lich sent m\\udc80 again" in path.read_text()
-    assert "Logging error" not in capfd.readouterr().err
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_making_stderr_non_blocking_leaves_a_stdout_that_shares_its_pipe_blocking():
+    # O_NONBLOCK belongs to the open file description, which `2>&1` shares:
+    # flipped on it, the bridge's writes to stdout would fail when full.
+    read_fd, write_fd = os.pipe()
+    shared = os.dup(write_fd)  # fd 2 and fd 1 of `2>&1`
+    try:
+        logs.nonblocking(shared)
+        assert os.get_blocking(write_fd)
+        assert not os.get_blocking(shared) or not sys.platform.startswith("linux")
+    finally:
+        for fd in (read_fd, write_fd, shared):
+            os.close(fd)
+
+
+def test_a_line_goes_out_in_one_write_a_pipe_takes_whole():
+    assert logs.one_write("short") == b"short\n"
+    long = logs.one_write("字" * 10000)
+    assert len(long) <= select.PIPE_BUF and long.endswith(b"...\n")
+    long.decode("utf-8")  # never cut inside a character
+
+
+def test_a_stderr_nobody_reads_holds_back_no_command_and_the_status_counts_its_lost_lines(relay, lich):
+    read_fd, write_fd = full_pipe()
+    r = relay(stderr=write_fd)
+    try:
+        r.wait_hello()
+        r.autoanswer()
+        assert lich.wait_polled("s1", WAIT, parked=True)
+        lich.faults.script_acks(AckAnswer(status=400), AckAnswer(status=400))  # each a warning line
+        lich.queue_all("s1", [{"id": "m1", "kind": "rewind"}, {"id": "m2", "kind": "rewind"}, {"id": "m3", "kind": "rewind"}])
+        assert lich.record.ack_for("m3")["error"] == "unknown kind"
+        assert r.wait_status(lambda s: s["daemon"]["stderr_dropped"] == 2, WAIT)
+        with open(os.path.join(r.hello["socket"][: -len("s1.sock")], "s1.log")) as f:
+            assert "refused the ack for m1" in f.read()  # the log file has every line
+    finally:
+        r.stop()
+        os.close(read_fd)
+        os.close(write_fd)

@@ -21,7 +21,7 @@ from lich_control.config import Config
 from lich_control.bridge import Turns
 from lich_control.lich import MAX_POLL_BODY, LichClient
 from lich_control.poller import MAX_ITEMS, Backoff, Poller
-from lich_control.status import Activity
+from lich_control.activity import Activity
 
 URL = "http://127.0.0.1:4312/mod/commands"
 HUGE = b"9" * 5000  # past the 4,300 digits int() reads

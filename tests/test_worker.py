@@ -1,11 +1,13 @@
+import gc
 import logging
+import weakref
 
 import pytest
 
 from lich_control.acks import Acks
 from lich_control.bridge import Bridge, CallResult, Overrides, Turns
 from lich_control.commands import Command, Notification
-from lich_control.status import Activity
+from lich_control.activity import Activity
 from lich_control.worker import QUICK_TIMEOUT, Asks, Worker, fork_ack
 
 from fakes import FakeEngine, ScriptedClient, StdoutCalls, Timeline, refused
@@ -249,3 +251,31 @@ def test_a_fork_past_its_deadline_is_acked_failed_once_and_its_late_answer_ignor
 def test_a_forks_result_makes_the_asks_ack(result, ok, error, answer):
     ack = fork_ack("s1", ask("m9", "q"), result)
     assert (ack.kind, ack.ok, ack.error, ack.answer) == ("ask", ok, error, answer)
+
+
+def test_an_answered_ask_is_let_go_at_once_not_kept_until_its_deadline():
+    # Were its deadline to hold it, a lich sending large asks that forks
+    # answer at once would keep 300 s of them in memory.
+    stdout = StdoutCalls(WAIT)
+    bridge = Bridge(stdout, Turns(), on_broken=lambda why: None)
+    client = ScriptedClient()
+    activity = Activity("s1", "relay", Turns())
+    acks = Acks(lambda: client, activity)
+    asks = Asks(bridge, acks, activity, "s1")
+    try:
+        hanging, command = map(Command.from_json, [{"id": "h1", "kind": "ask", "question": "hang?"}, {"id": "a1", "kind": "ask", "question": "x" * 100_000}])
+        asks.submit(hanging)  # its deadline first in line, the answered one's behind it
+        stdout.wait(1)
+        kept = weakref.ref(command)
+        asks.submit(command)
+        del command
+        call = stdout.wait(2)
+        bridge.result({"id": call["id"], "ok": True, "value": {"isAnswered": True, "text": "at once"}})
+        (ack,) = client.wait_acks(1)
+        assert (ack.id, ack.ok) == ("a1", True)
+        asks._pool.shutdown(wait=True)  # the ack's job is over: nothing of it on a thread's stack
+        acks._pool.shutdown(wait=True)
+        gc.collect()
+        assert kept() is None
+    finally:
+        asks.stop()

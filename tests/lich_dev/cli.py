@@ -26,7 +26,8 @@ from urllib.parse import quote
 import attrs
 
 from lich_control import __version__
-from lich_control.config import BadConfig, ensure_run_dir, run_dir
+from lich_control.config import BadConfig, run_dir
+from lich_control.run_folder import ensure as ensure_run_dir
 from .control import DEFAULT_TIMEOUT
 from .lich import HOLD_SECONDS, StubLich
 from .state import DELIVERED, DROPPED, ENDED, Outcome

@@ -5,10 +5,12 @@ senders their commands); one lock guards it all, held only to copy a few
 fields. Times are read from an injected monotonic clock, so tests can move
 them; the document gives ages, not clock readings.
 
-Every string from outside enters through `clean` (safe_text.Scrub, built
-from the token): lich chooses ids, kinds and the texts of its refusals, and
-none of them may bring the token, a terminal's escape or a lone surrogate
-into the document, nor make it grow. Sizes are bounded as well: `counts` names at most
+Every string from outside is cleaned once, as it enters (logs.Redactor,
+built from the token): lich chooses ids, kinds and the texts of its
+refusals, and none of them may bring the token, a terminal's escape, an
+invisible or bidirectional character or a lone surrogate into the
+document, nor make it grow. What leaves is shown as it is, by
+lich-mod-status too. Sizes are bounded as well: `counts` names at most
 `MAX_KINDS` kinds, `in_flight` lists the oldest `SHOWN_IN_FLIGHT`.
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Callable, Dict, Optional
 from . import CONTRACT_RELEASE, __version__
 from .commands import KINDS
 from .bridge import Overrides, Turns
-from .safe_text import Scrub
+from .logs import Redactor
 
 RECENT = 20
 ERRORS = 10
@@ -46,10 +48,12 @@ class Activity:
         wall: Optional[Callable[[], float]] = None,
         files: Optional[Dict[str, str]] = None,
         host: Optional[str] = None,
-        clean: Optional[Callable[..., str]] = None,
+        redactor: Optional[Redactor] = None,
+        stderr_dropped: Callable[[], int] = lambda: 0,
     ):
         self._lock = threading.Lock()
-        self._clean = clean or Scrub.of("")  # without a token: cut and escaped only
+        self._clean = (redactor or Redactor("")).clean  # without a token: escaped and cut only
+        self._stderr_dropped = stderr_dropped
         # Looked up at each call, so freezegun's clock is the one read.
         self._clock = clock or (lambda: time.monotonic())
         self._wall = wall or (lambda: time.time())
@@ -175,7 +179,7 @@ class Activity:
             poll["last_answer_age_s"] = None if self._last_answer is None else round(now - self._last_answer, 1)
             poll["polls"], poll["failures"] = self._polls, self._poll_failures
             return {
-                "daemon": dict(self._ident, uptime_s=round(now - self._started, 1)),
+                "daemon": dict(self._ident, uptime_s=round(now - self._started, 1), stderr_dropped=self._stderr_dropped()),
                 "poll": poll,
                 "turn": turn,
                 "overrides": dict(self._overrides),

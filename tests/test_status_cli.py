@@ -9,12 +9,20 @@ folder and one development lich.
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
+from urllib.parse import quote
 
 import pytest
 
+from conftest import SCAN_TOKEN
 from lich_control import status_cli as statuscli
+from lich_control.bridge import BadMessage
+from lich_control.unix_socket import Routes, UnixHttpServer, unix_request
+from lich_dev.faults import AckAnswer
 from lich_dev.lich import Answer, StubLich
+from lich_dev.procs import ROOT, daemon_env
 from relay import Relay
 
 WAIT = 10.0
@@ -166,16 +174,121 @@ def test_colour_on_a_terminal_keeps_the_columns_aligned():
     assert [strip(line) for line in coloured] == plain
 
 
-def test_a_socket_answering_something_that_is_not_a_status_is_reported_not_a_crash(tmp_path, monkeypatch, capsys):
-    from lich_control.bridge import BadMessage
-    from lich_control.status_cli import main
-    from lich_control.unix_socket import Routes, UnixHttpServer
+# -- documents this command cannot read -----------------------------------------------------
 
-    server = UnixHttpServer(str(tmp_path / "odd.sock"), Routes(None, None, lambda: ["not", "a", "status"], BadMessage))
-    server.listen()
-    monkeypatch.setenv("LICH_CONTROL_RUN_DIR", str(tmp_path))
-    try:
-        main([])
-    finally:
+
+def good_status(session="good"):
+    return {
+        "daemon": {"pid": 7, "version": "0", "contract_release": "0", "session_id": session, "engine": "relay", "uptime_s": 1.0, "socket": "/x", "log_file": "/y"},
+        "poll": {"state": "polling", "reason": None, "backoff": 0, "retry_in_s": None, "last_poll_age_s": 1.0, "last_answer_age_s": 1.0, "polls": 1, "failures": 0},
+        "turn": None, "overrides": {"model": None, "effort": None}, "in_flight": [], "counts": {}, "recent": [], "errors": [],
+    }
+
+
+@pytest.fixture
+def folder_of(tmp_path, monkeypatch, capsys):
+    """A run folder with a socket per document given: (code, out, err) of a run."""
+    servers = []
+
+    def serve(docs, *args):
+        for name, doc in docs.items():
+            server = UnixHttpServer(str(tmp_path / f"{name}.sock"), Routes(None, None, lambda doc=doc: doc, BadMessage))
+            server.listen()
+            servers.append(server)
+        monkeypatch.setenv("LICH_CONTROL_RUN_DIR", str(tmp_path))
+        code = statuscli.main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield serve
+    for server in servers:
         server.close()
-    assert "not a daemon's status" in capsys.readouterr().out
+
+
+def without_pid():
+    doc = good_status("nopid")
+    del doc["daemon"]["pid"]
+    return doc
+
+
+def null_session():
+    doc = good_status()
+    doc["daemon"]["session_id"] = None
+    return doc
+
+
+def test_a_document_missing_a_field_or_with_a_null_session_hides_no_other_daemon(folder_of):
+    code, out, err = folder_of({"good": good_status(), "nopid": without_pid(), "nullsession": null_session(), "odd": ["not", "a", "status"]})
+    assert code == 0 and err == ""
+    assert "  polling  " in row(out, "good")
+    assert "its status has no 'pid'" in row(out, "nopid")
+    assert "  polling  " in row(out, "nullsession")  # named after its socket
+    assert "not a daemon's status" in row(out, "odd")
+    code, out, _ = folder_of({}, "--json")
+    assert sorted(d["session_id"] for d in json.loads(out)["daemons"]) == ["good", "nopid", "nullsession", "odd"]
+
+
+def test_the_detail_of_a_document_missing_a_field_is_one_line_and_exit_1(folder_of):
+    code, out, err = folder_of({"nopid": without_pid()}, "nopid")
+    assert (code, out) == (1, "") and err.startswith("lich-mod-status: session nopid: its status has no 'pid'")
+
+
+def test_a_document_is_printed_as_the_daemon_gave_it(folder_of):
+    # The daemon cleaned every string as it entered: what it says is shown.
+    doc = good_status()
+    doc["poll"]["state"] = "backing off"
+    doc["poll"]["reason"] = "lich said m\\u202e"
+    code, out, _ = folder_of({"good": doc}, "good")
+    assert code == 0 and "backing off 0 s (lich said m\\u202e)" in out
+
+
+# -- through a real daemon ---------------------------------------------------------------------
+
+
+def lich_mod_status(run_dir, *args):
+    env = daemon_env(LICH_CONTROL_RUN_DIR=run_dir, PYTHONIOENCODING="utf-8")
+    env.pop("NO_COLOR", None)
+    return subprocess.run([sys.executable, "-m", "lich_control.status_cli", *args], cwd=ROOT, env=env, capture_output=True, timeout=30)
+
+
+EVERY_VIEW = ((), ("--json",), ("s1",), ("s1", "--json"))
+
+def test_an_ack_refusal_that_repeats_the_url_shows_nowhere_with_the_token(lich, relay, run_dir):
+    # Built here, not with the lich's own URL: this test must not lean on
+    # lich.py scrubbing lich's answer.
+    refusal = f"no route for POST /mod/acks?token={quote(SCAN_TOKEN, safe='')} (token {SCAN_TOKEN})"
+    daemon = relay()
+    daemon.wait_hello()
+    daemon.autoanswer()
+    lich.faults.script_acks(AckAnswer(status=400, reason=refusal))
+    assert lich.wait_polled("s1", WAIT)
+    lich.queue("s1", {"id": "m1", "kind": "abort"})
+    doc = daemon.wait_status(lambda s: any("not delivered" in e["what"] for e in s["errors"]), WAIT)
+    _, raw = unix_request(daemon.socket, "GET", "/v1/status")
+    shown = [raw, json.dumps(doc).encode()]
+    for args in EVERY_VIEW:
+        done = lich_mod_status(run_dir, *args)
+        assert done.returncode == 0, done.stderr
+        shown.append(done.stdout + done.stderr)
+    assert b"lich refused it: 400 no route for POST /mod/acks?token=[token] (token [token])" in shown[2 + 2]
+    for form in (SCAN_TOKEN, quote(SCAN_TOKEN, safe=""), quote(SCAN_TOKEN)):
+        assert not any(form.encode() in out for out in shown), form
+
+
+def test_an_id_with_invisible_bidirectional_and_control_characters_is_acked_and_shown_escaped(lich, relay, run_dir):
+    daemon = relay()
+    daemon.wait_hello()
+    daemon.autoanswer()
+    lich.faults.script(Answer(raw=b'[{"id": "m\\udc80\\u202e\\u200b\\ufeff\\n2026-12-01 00:00:00,000 INFO forged", "kind": "abort"}]'))
+    daemon.wait_status(lambda s: len(s["recent"]) == 1, WAIT)
+    runs = [lich_mod_status(run_dir, *args) for args in EVERY_VIEW]
+    for done in runs:
+        assert (done.returncode, done.stderr) == (0, b"")
+        done.stdout.decode("utf-8")  # strict
+    assert "m\\udc80\\u202e\\u200b\\ufeff\\n2026-12-01 00:00:00,000 INFO forged" in runs[2].stdout.decode()
+    assert json.loads(runs[3].stdout)["status"]["recent"][0]["id"] == "m\\udc80\\u202e\\u200b\\ufeff\\n2026-12-01 00:00:00,000 INFO forged"
+    with open(os.path.join(run_dir, "s1.log"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert any("m\\udc80\\u202e\\u200b\\ufeff\\n2026-12-01" in line for line in lines)
+    assert not any(char in line for line in lines for char in "\u202e\u200b\ufeff")
+    assert not any(line.startswith("2026-12-01 00:00:00,000 INFO forged") for line in lines)

@@ -1,0 +1,139 @@
+"""The run folder: made private, a file opened in it, and the session lock.
+
+`ensure` refuses a folder another user can write in, so once it has passed
+only our own uid can put anything among our files. What is left to check is
+that a name holds what the daemon expects: a plain file of ours, never a
+link followed to somewhere else (`open_file`), and a socket before one is
+replaced (`check_socket`).
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import time
+
+from .config import BadConfig
+
+PRIVATE = 0o600
+LOCK_RETRY_SECONDS = 0.05
+
+
+class NotOurs(BadConfig):
+    """Something at one of the daemon's names is not what the daemon made there."""
+
+
+def ensure(path: str) -> None:
+    """Create the run folder 0700, or make sure an existing one is private.
+
+    Another user must not read our sockets nor plant files among ours, so an
+    existing folder must be a real folder (not a link), ours, and writable by
+    no one else. Its mode is never changed: a shared folder given by mistake
+    (a sticky 1777 one, /tmp) is refused, not closed to everyone else.
+    """
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.mkdir(path, 0o700)
+        created = True
+    except FileExistsError:
+        created = False  # judged below, as it is
+    except OSError as exc:
+        raise BadConfig(f"cannot create the run folder {path}: {exc.strerror}") from exc
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise BadConfig(f"the run folder {path} is a symbolic link; set LICH_CONTROL_RUN_DIR to a private folder") from exc
+        if exc.errno == errno.ENOTDIR:
+            raise BadConfig(f"the run folder {path} is not a folder") from exc
+        raise BadConfig(f"cannot use the run folder {path}: {exc.strerror}") from exc
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise BadConfig(f"the run folder {path} belongs to another user; set LICH_CONTROL_RUN_DIR to a private folder")
+        if created:
+            os.fchmod(fd, 0o700)  # the umask may have taken more than group and others' bits, or fewer
+        elif info.st_mode & 0o022:
+            raise BadConfig(
+                f"the run folder {path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
+                "set LICH_CONTROL_RUN_DIR to a private folder"
+            )
+    finally:
+        os.close(fd)
+
+
+def open_file(path: str, flags: int) -> int:
+    """A descriptor on the plain file of ours at `path`, created 0600 if
+    `flags` say so, and made 0600 through the descriptor if an older daemon
+    left it otherwise."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE)
+    except OSError as exc:
+        problem = "is a symbolic link" if os.path.islink(path) else f"cannot be opened ({exc.strerror})"
+        raise NotOurs(_refusal(path, problem)) from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(fd)
+        raise NotOurs(_refusal(path, "is not a plain file of ours"))
+    if stat.S_IMODE(info.st_mode) != PRIVATE:
+        os.fchmod(fd, PRIVATE)
+    return fd
+
+
+def check_socket(path: str) -> None:
+    """Raise NotOurs unless `path` holds nothing or a socket (an earlier
+    daemon's, which the caller replaces)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise NotOurs(_refusal(path, "is not a socket"))
+
+
+def _refusal(path: str, problem: str) -> str:
+    return f"{path} {problem}, not a file the daemon made: it will not write through it; remove it"
+
+
+class SessionLock:
+    """An exclusive lock on `<session>.lock`: one poller per session.
+
+    A reload can start a new daemon while the old one is still exiting, so
+    the new one tries for a bounded time; the kernel releases the lock
+    however the old one ends. The file stays, so every daemon locks the
+    same file. A context manager: entered, the lock is held or
+    `LockHeld` is raised; left, it is released.
+    """
+
+    def __init__(self, path: str, session_id: str, wait: float):
+        self.path = path
+        self.session_id = session_id
+        self.wait = wait
+        self._fd = -1
+
+    def __enter__(self) -> "SessionLock":
+        fd = open_file(self.path, os.O_RDWR | os.O_CREAT)
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise LockHeld(f"another daemon is still polling for session {self.session_id}; exiting") from None
+                time.sleep(LOCK_RETRY_SECONDS)
+        self._fd = fd
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class LockHeld(BadConfig):
+    """Another daemon holds the session's lock."""
