@@ -12,7 +12,7 @@ import { PassThrough } from 'node:stream'
 import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
-import plugin, { Relay, insideLich } from '../../hooks/opencode/lich-control.js'
+import lichControl, { Relay, insideLich, plugin } from '../../hooks/opencode/lich-control.js'
 import { findModel, forkReply } from '../../hooks/opencode/relay/calls.js'
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..')
@@ -183,9 +183,24 @@ test('the gate opens only with all three variables in the interactive TUI', () =
 
 test('outside the TUI the plugin adds no hook and starts nothing', async () => {
   const client = fakeClient()
-  assert.equal(plugin.id, 'lich-control')
-  assert.deepEqual(await plugin.server({ client }, {}), {})
+  assert.equal(lichControl.id, 'lich-control')
+  assert.deepEqual(await lichControl.server({ client }, {}), {})
   assert.deepEqual(client.calls, [])
+})
+
+test('on Windows the plugin starts nothing inside lich, and says so in one line', async () => {
+  // An interpreter that is not there: should a relay start, it runs nothing.
+  const options = { python: '/nonexistent/python' }
+  const client = fakeClient()
+  assert.deepEqual(await plugin({ client }, options, { env: LICH, ...TUI, platform: 'win32' }), {})
+  assert.deepEqual(client.named('app.log').map(c => [c.options.body.level, c.options.body.message]), [
+    ['warn', 'lich-control does not run on Windows (its daemon serves the relay on a Unix socket): nothing was started, and lich reaches this session as it does one with no relay'],
+  ])
+  assert.deepEqual(client.calls.map(c => c.name), ['app.log'])
+  // Elsewhere the same process gets the relay.
+  const hooks = await plugin({ client: fakeClient() }, options, { env: LICH, ...TUI, platform: 'linux' })
+  assert.equal(typeof hooks['chat.message'], 'function')
+  await hooks.dispose()
 })
 
 // -- the daemon -----------------------------------------------------------
