@@ -74,7 +74,7 @@ export class Relay {
     // `python` is the interpreter the person named; null: the private environment in `data`.
     Object.assign(this, { client, python, data, onStop, launch, post, sleep, now })
     this.bridge = new Bridge()
-    this.sessions = new Sessions({ client, bridge: this.bridge, sleep })
+    this.sessions = new Sessions({ client, bridge: this.bridge, sleep, log: this.log })
     this.calls = new Calls({ client, bridge: this.bridge, sessions: this.sessions, log: this.log, abortSettleMs })
     this.child = null
     this.stopped = false

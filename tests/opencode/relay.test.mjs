@@ -364,6 +364,51 @@ test('before any prompt, lich gets a session of its own, shown in the TUI', asyn
     [['ses_new', 'run the tests'], ['ses_new', 'and then lint']])
 })
 
+test('the TUI is told to show the session each second, twenty times, since it drops a select it is not yet listening for', async () => {
+  const w = world({ 'session.create': { id: 'ses_new' } })
+  w.hello()
+  w.call('c1', 'prompt.submit', { text: 'run the tests' })
+  await w.result('c1')
+  for (let sent = 1; sent < 20; sent++) {
+    await until(() => w.sleeps.length === sent, [])
+    assert.equal(w.client.named('tui.publish').length, sent)
+    assert.equal(w.sleeps.at(-1).ms, 1000)
+    w.sleeps.at(-1).wake()
+  }
+  await until(() => w.client.named('tui.publish').length === 20, [])
+  await flush()
+  assert.equal(w.sleeps.length, 19)
+  assert.ok(w.client.named('tui.publish').every(c => c.options.body.properties.sessionID === 'ses_new'))
+})
+
+test('once the person prompts another session, the TUI is left where they are', async () => {
+  const w = world({ 'session.create': { id: 'ses_new' } })
+  w.hello()
+  w.call('c1', 'prompt.submit', { text: 'run the tests' })
+  await w.result('c1')
+  await until(() => w.sleeps.length === 1, [])
+  w.created('ses_mine')
+  await w.prompted('ses_mine')
+  w.sleeps[0].wake()
+  await flush()
+  await flush()
+  assert.equal(w.client.named('tui.publish').length, 1)
+  assert.equal(w.sleeps.length, 1)
+})
+
+test('a select opencode refuses is logged once and not sent again', async () => {
+  const w = world({ 'session.create': { id: 'ses_new' }, 'tui.publish': { error: { data: { message: 'no TUI' } } } })
+  w.hello()
+  w.call('c1', 'prompt.submit', { text: 'run the tests' })
+  assert.equal((await w.result('c1')).ok, true)
+  const told = () => w.client.named('app.log').map(c => c.options.body.message).filter(m => m.includes('TUI'))
+  await until(() => told().length === 1, [])
+  await flush()
+  assert.deepEqual(told(), ["lich-control: opencode's TUI could not be told to show lich's session ses_new: no TUI"])
+  assert.equal(w.client.named('tui.publish').length, 1)
+  assert.deepEqual(w.sleeps, [])
+})
+
 test('lich drives the root session last prompted; forks and child sessions never take it', async () => {
   const w = world()
   w.hello()
