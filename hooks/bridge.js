@@ -13,7 +13,15 @@ const FIRST_DELAY_MS = 1000
 const HEALTHY_MS = 60_000
 // Exit 2: the daemon refused its configuration (bridge.md); a restart cannot mend that.
 const CONFIG_ERROR = 2
-const POST_ATTEMPTS = 2
+// A post that failed on the way is sent again after a pause, twice at most.
+const POST_ATTEMPTS = 3
+const RETRY_PAUSE_MS = 250
+// At most this many posts are on their way to the daemon at once, each on a
+// connection of its own; the rest wait their turn in order. A burst (a
+// thousand asks settling together) would otherwise open a thousand
+// connections in one go, more than the socket's listen backlog queues, and
+// those past it are refused (connect EAGAIN, write EPIPE).
+const POSTS_AT_ONCE = 8
 export const NO_OVERRIDES = { model: null, effort: null }
 
 export class Bridge {
@@ -32,6 +40,7 @@ export class Bridge {
     // What the daemon set; a daemon's overrides end with it, as lich hears from it.
     this.overrides = NO_OVERRIDES
     this.host = null
+    this.posting = new Semaphore(POSTS_AT_ONCE)
   }
 
   // Runs the daemon to its end, and again after a crash, until it exits for
@@ -139,27 +148,58 @@ export class Bridge {
     })()
   }
 
-  // Waits for the daemon's socket, then posts; never throws. A post that
-  // failed on the way is sent once more to the same daemon: the daemon
-  // closes a kept-alive connection it finds idle at its limit, and a post
-  // written to it at that moment never arrives. Posting twice is safe: the
-  // daemon ignores a result for a call already settled, and the turn
-  // events are idempotent.
+  // Waits for the daemon's socket and a free slot, then posts; never
+  // throws. A post that failed on the way is sent again to the same daemon
+  // after a pause, keeping its slot: the daemon closes a kept-alive
+  // connection it finds idle at its limit, and a post written to it at that
+  // moment never arrives; one it refused at its limit finds room once
+  // others are done. Posting twice is safe: the daemon ignores a result for
+  // a call already settled, and the turn events are idempotent.
   async #post(path, body) {
     const life = this.daemon
     const socketPath = await life.promise
     if (socketPath === null) return
-    for (let attempt = 1; ; attempt++) {
-      try {
-        const { status, text } = await this.host.send(socketPath, path, body)
-        if (status < 200 || status >= 300) this.host.log('warn', `the daemon answered ${status} to ${path}: ${text.trim()}`)
-        return
-      } catch (err) {
-        if (attempt < POST_ATTEMPTS && this.daemon === life) continue
-        this.host.log('warn', `the daemon could not be reached for ${path}: ${messageOf(err)}`)
-        return
+    await this.posting.acquire()
+    try {
+      for (let attempt = 1; ; attempt++) {
+        try {
+          const { status, text } = await this.host.send(socketPath, path, body)
+          if (status < 200 || status >= 300) this.host.log('warn', `the daemon answered ${status} to ${path}: ${text.trim()}`)
+          return
+        } catch (err) {
+          if (attempt === POST_ATTEMPTS || this.daemon !== life) {
+            this.host.log('warn', `the daemon could not be reached for ${path}: ${messageOf(err)}`)
+            return
+          }
+        }
+        await this.host.sleep(RETRY_PAUSE_MS)
       }
+    } finally {
+      this.posting.release()
     }
+  }
+}
+
+// `size` holders at a time; the others wait, first come first served.
+class Semaphore {
+  constructor(size) {
+    this.free = size
+    this.waiting = []
+  }
+
+  acquire() {
+    if (this.free > 0) {
+      this.free -= 1
+      return Promise.resolve()
+    }
+    return new Promise(wake => this.waiting.push(wake))
+  }
+
+  // Handed straight to the next in line, if any.
+  release() {
+    const next = this.waiting.shift()
+    if (next) next()
+    else this.free += 1
   }
 }
 

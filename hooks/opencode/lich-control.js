@@ -29,14 +29,26 @@ const TUI_WORKER = /[\\/]cli[\\/]tui[\\/]worker\.[cm]?[jt]s$/
 // Requests opencode makes for itself, not for the conversation: no effort there.
 const OWN_AGENTS = new Set(['title', 'summary', 'compaction'])
 
+const WINDOWS = 'lich-control does not run on Windows (its daemon serves the relay on a Unix socket): nothing was started, and lich reaches this session as it does one with no relay'
+
 // One relay per opencode process, however many projects it opens; a reload
 // disposes it, and the plugin's next load starts another.
 let running = null
 
-export default { id: 'lich-control', server: plugin }
+export default {
+  id: 'lich-control',
+  server: (input, options) => plugin(input, options, { env: process.env, argv: process.argv, isMainThread, platform: process.platform }),
+}
 
-async function plugin({ client }, options = {}) {
-  if (running !== null || !insideLich({ env: process.env, argv: process.argv, isMainThread })) return {}
+// `where`: the process the plugin was loaded in, {env, argv, isMainThread, platform}.
+export async function plugin({ client }, options = {}, where) {
+  if (running !== null || !insideLich(where)) return {}
+  // The daemon serves the bridge on a Unix socket and reads its pipes with
+  // select(), neither of which it has on Windows.
+  if (where.platform === 'win32') {
+    client.app?.log({ body: { service: 'lich-control', level: 'warn', message: WINDOWS } }).catch?.(() => {})
+    return {}
+  }
   const named = typeof options?.python === 'string' && options.python.trim() ? options.python.trim() : null
   const relay = (running = new Relay({
     client,
@@ -62,7 +74,7 @@ export class Relay {
     // `python` is the interpreter the person named; null: the private environment in `data`.
     Object.assign(this, { client, python, data, onStop, launch, post, sleep, now })
     this.bridge = new Bridge()
-    this.sessions = new Sessions({ client, bridge: this.bridge, sleep })
+    this.sessions = new Sessions({ client, bridge: this.bridge, sleep, log: this.log })
     this.calls = new Calls({ client, bridge: this.bridge, sessions: this.sessions, log: this.log, abortSettleMs })
     this.child = null
     this.stopped = false

@@ -12,7 +12,7 @@ import { PassThrough } from 'node:stream'
 import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
-import plugin, { Relay, insideLich } from '../../hooks/opencode/lich-control.js'
+import lichControl, { Relay, insideLich, plugin } from '../../hooks/opencode/lich-control.js'
 import { findModel, forkReply } from '../../hooks/opencode/relay/calls.js'
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..')
@@ -87,6 +87,8 @@ function world(answers = {}, options = {}) {
   const postWaiters = []
   const sleeps = []
   let failing = options.failPosts ?? 0 // the next posts that fail on the way
+  let holding = options.holdPosts ?? false // posts wait for answerPosts(n), until releasePosts()
+  const held = []
   const relay = new Relay({
     client,
     python: options.python === undefined ? '/venv/bin/python' : options.python,
@@ -103,6 +105,7 @@ function world(answers = {}, options = {}) {
     post: async (socketPath, path, body) => {
       posts.push({ socketPath, path, body })
       for (const w of postWaiters.splice(0)) w()
+      if (holding) await new Promise(answer => held.push(answer))
       if (failing > 0) {
         failing -= 1
         throw new Error('socket hang up')
@@ -118,6 +121,13 @@ function world(answers = {}, options = {}) {
   const w = {
     client, relay, hooks, daemons, spawned, posts, sleeps,
     daemon: () => daemons.at(-1),
+    answerPosts: n => {
+      for (const answer of held.splice(0, n)) answer()
+    },
+    releasePosts: () => {
+      holding = false
+      w.answerPosts(held.length)
+    },
     hello: (socket = SOCKET) => w.daemon().say({ op: 'hello', protocol: 1, pid: 7, socket, version: '0.1.0' }),
     call: (id, method, args) => w.daemon().say({ op: 'call', id, method, args }),
     // Resolves with the posted result of call `id`.
@@ -173,9 +183,24 @@ test('the gate opens only with all three variables in the interactive TUI', () =
 
 test('outside the TUI the plugin adds no hook and starts nothing', async () => {
   const client = fakeClient()
-  assert.equal(plugin.id, 'lich-control')
-  assert.deepEqual(await plugin.server({ client }, {}), {})
+  assert.equal(lichControl.id, 'lich-control')
+  assert.deepEqual(await lichControl.server({ client }, {}), {})
   assert.deepEqual(client.calls, [])
+})
+
+test('on Windows the plugin starts nothing inside lich, and says so in one line', async () => {
+  // An interpreter that is not there: should a relay start, it runs nothing.
+  const options = { python: '/nonexistent/python' }
+  const client = fakeClient()
+  assert.deepEqual(await plugin({ client }, options, { env: LICH, ...TUI, platform: 'win32' }), {})
+  assert.deepEqual(client.named('app.log').map(c => [c.options.body.level, c.options.body.message]), [
+    ['warn', 'lich-control does not run on Windows (its daemon serves the relay on a Unix socket): nothing was started, and lich reaches this session as it does one with no relay'],
+  ])
+  assert.deepEqual(client.calls.map(c => c.name), ['app.log'])
+  // Elsewhere the same process gets the relay.
+  const hooks = await plugin({ client: fakeClient() }, options, { env: LICH, ...TUI, platform: 'linux' })
+  assert.equal(typeof hooks['chat.message'], 'function')
+  await hooks.dispose()
 })
 
 // -- the daemon -----------------------------------------------------------
@@ -225,20 +250,47 @@ test('calls wait for the hello, and each result goes to the socket it named', as
   assert.equal(w.posts[0].socketPath, SOCKET)
 })
 
-test('a post that fails on the way is sent once more, and only a second failure is logged', async () => {
-  const w = world({}, { failPosts: 1 })
+test('a post that fails on the way is sent again after a pause, and only a third failure is logged', async () => {
+  const w = world({}, { failPosts: 2 })
   w.hello()
   w.call('c1', 'overrides.set', { model: null, effort: null })
-  await until(() => w.posts.length === 2, [])
-  assert.deepEqual(w.posts.map(p => p.body), [{ id: 'c1', ok: true, value: null }, { id: 'c1', ok: true, value: null }])
+  for (let sent = 1; sent <= 2; sent++) {
+    await until(() => w.sleeps.length === sent, [])
+    // Not sent again before the pause is over.
+    assert.equal(w.posts.length, sent)
+    assert.equal(w.sleeps.at(-1).ms, 250)
+    w.sleeps.at(-1).wake()
+  }
+  await until(() => w.posts.length === 3, [])
+  assert.deepEqual(new Set(w.posts.map(p => JSON.stringify(p.body))), new Set([JSON.stringify({ id: 'c1', ok: true, value: null })]))
   await flush()
   assert.deepEqual(w.client.named('app.log').filter(c => c.options.body.message.includes('could not be reached')), [])
 
-  const twice = world({}, { failPosts: 2 })
-  twice.hello()
-  twice.call('c1', 'overrides.set', { model: null, effort: null })
-  await until(() => twice.client.named('app.log').some(c => c.options.body.message.includes('could not be reached for /v1/result: socket hang up')), [])
-  assert.equal(twice.posts.length, 2)
+  const thrice = world({}, { failPosts: 3 })
+  thrice.hello()
+  thrice.call('c1', 'overrides.set', { model: null, effort: null })
+  for (let sent = 1; sent <= 2; sent++) {
+    await until(() => thrice.sleeps.length === sent, [])
+    thrice.sleeps.at(-1).wake()
+  }
+  await until(() => thrice.client.named('app.log').some(c => c.options.body.message.includes('could not be reached for /v1/result: socket hang up')), [])
+  assert.equal(thrice.posts.length, 3)
+})
+
+test('no more than eight posts are on their way at once; the rest wait their turn in order', async () => {
+  const w = world({}, { holdPosts: true })
+  w.hello()
+  for (let i = 0; i < 20; i++) w.call(`c${i}`, 'overrides.set', { model: null, effort: null })
+  await until(() => w.posts.length === 8, [])
+  await flush()
+  assert.equal(w.posts.length, 8)
+  w.answerPosts(3)
+  await until(() => w.posts.length === 11, [])
+  await flush()
+  assert.equal(w.posts.length, 11)
+  w.releasePosts()
+  await until(() => w.posts.length === 20, [])
+  assert.deepEqual(w.posts.map(p => p.body.id), Array.from({ length: 20 }, (_, i) => `c${i}`))
 })
 
 test('a method the relay does not have is refused by name', async () => {
@@ -310,6 +362,51 @@ test('before any prompt, lich gets a session of its own, shown in the TUI', asyn
   assert.deepEqual(w.client.named('tui.publish')[0].options.body, { type: 'tui.session.select', properties: { sessionID: 'ses_new' } })
   assert.deepEqual(w.client.named('session.promptAsync').map(c => [c.options.path.id, c.options.body.parts[0].text]),
     [['ses_new', 'run the tests'], ['ses_new', 'and then lint']])
+})
+
+test('the TUI is told to show the session each second, twenty times, since it drops a select it is not yet listening for', async () => {
+  const w = world({ 'session.create': { id: 'ses_new' } })
+  w.hello()
+  w.call('c1', 'prompt.submit', { text: 'run the tests' })
+  await w.result('c1')
+  for (let sent = 1; sent < 20; sent++) {
+    await until(() => w.sleeps.length === sent, [])
+    assert.equal(w.client.named('tui.publish').length, sent)
+    assert.equal(w.sleeps.at(-1).ms, 1000)
+    w.sleeps.at(-1).wake()
+  }
+  await until(() => w.client.named('tui.publish').length === 20, [])
+  await flush()
+  assert.equal(w.sleeps.length, 19)
+  assert.ok(w.client.named('tui.publish').every(c => c.options.body.properties.sessionID === 'ses_new'))
+})
+
+test('once the person prompts another session, the TUI is left where they are', async () => {
+  const w = world({ 'session.create': { id: 'ses_new' } })
+  w.hello()
+  w.call('c1', 'prompt.submit', { text: 'run the tests' })
+  await w.result('c1')
+  await until(() => w.sleeps.length === 1, [])
+  w.created('ses_mine')
+  await w.prompted('ses_mine')
+  w.sleeps[0].wake()
+  await flush()
+  await flush()
+  assert.equal(w.client.named('tui.publish').length, 1)
+  assert.equal(w.sleeps.length, 1)
+})
+
+test('a select opencode refuses is logged once and not sent again', async () => {
+  const w = world({ 'session.create': { id: 'ses_new' }, 'tui.publish': { error: { data: { message: 'no TUI' } } } })
+  w.hello()
+  w.call('c1', 'prompt.submit', { text: 'run the tests' })
+  assert.equal((await w.result('c1')).ok, true)
+  const told = () => w.client.named('app.log').map(c => c.options.body.message).filter(m => m.includes('TUI'))
+  await until(() => told().length === 1, [])
+  await flush()
+  assert.deepEqual(told(), ["lich-control: opencode's TUI could not be told to show lich's session ses_new: no TUI"])
+  assert.equal(w.client.named('tui.publish').length, 1)
+  assert.deepEqual(w.sleeps, [])
 })
 
 test('lich drives the root session last prompted; forks and child sessions never take it', async () => {
@@ -541,4 +638,54 @@ test('an effort the next model has no variant for is refused, naming its levels'
   w.call('c2', 'overrides.set', { model: 'fake/m2', effort: 'low' })
   assert.equal((await w.result('c1')).error, 'fake/m1 has no max effort in opencode (its levels: low, medium, high)')
   assert.equal((await w.result('c2')).error, 'fake/m2 has no low effort in opencode (its levels: high)')
+})
+
+// -- a burst of results ---------------------------------------------------
+
+// The daemon's socket as the relay meets it: HTTP on a Unix socket that
+// answers 204 to each post and keeps every result's id, with a small listen
+// backlog, so connections opened faster than it accepts them are refused as
+// a full backlog refuses them (connect EAGAIN, or a reset mid-write).
+async function resultSocket(backlog) {
+  const { mkdtempSync, rmSync } = await import('node:fs')
+  const { tmpdir } = await import('node:os')
+  const { createServer } = await import('node:http')
+  const folder = mkdtempSync(join(tmpdir(), 'lich-oc-burst-'))
+  const path = join(folder, 'daemon.sock')
+  const ids = new Set()
+  const server = createServer((req, res) => {
+    let text = ''
+    req.setEncoding('utf8').on('data', chunk => (text += chunk)).on('end', () => {
+      ids.add(JSON.parse(text).id)
+      res.writeHead(204).end()
+    })
+  })
+  await new Promise(ready => server.listen({ path, backlog }, ready))
+  return {
+    path,
+    ids,
+    close: () => new Promise(done => server.close(() => done(rmSync(folder, { recursive: true, force: true })))),
+  }
+}
+
+test('a burst of 1,200 results settling at once reaches the daemon whole', async () => {
+  const socket = await resultSocket(8)
+  const calls = 1200
+  // The relay's own socket post and clock: only the client and the daemon's process are fakes.
+  const client = fakeClient()
+  const daemon = new FakeDaemon()
+  const relay = new Relay({ client, python: '/venv/bin/python', data: '/data', spawn: () => daemon })
+  relay.start()
+  try {
+    daemon.say({ op: 'hello', protocol: 1, pid: 7, socket: socket.path, version: '0.1.0' })
+    // One write, as a daemon whose asks all settled together writes them.
+    daemon.stdout.write(Array.from({ length: calls }, (_, i) => JSON.stringify({ op: 'call', id: `c${i}`, method: 'overrides.set', args: {} })).join('\n') + '\n')
+    await until(() => socket.ids.size === calls || client.named('app.log').some(c => c.options.body.message.includes('could not be reached')), [], 60_000)
+    const lost = client.named('app.log').filter(c => c.options.body.message.includes('could not be reached'))
+    assert.deepEqual(lost.map(c => c.options.body.message).slice(0, 3), [], `${lost.length} results lost`)
+    assert.equal(socket.ids.size, calls)
+  } finally {
+    relay.stop()
+    await socket.close()
+  }
 })

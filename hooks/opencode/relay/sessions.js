@@ -3,9 +3,18 @@
 // session this process last prompted, or, before any, one made for lich.
 // Turn ids are the relay's own, one per busy -> idle of that session.
 
+// opencode's TUI takes a select only once it listens to the bus, which can
+// be seconds after the plugin is loaded (its screen starts after the server
+// does), and drops one published before; nothing in opencode acknowledges a
+// select. So it is published again each second, up to SHOW_TRIES times, while
+// the session is still the one lich drives: selecting the session the TUI
+// already shows changes nothing on its screen.
+const SHOW_EVERY_MS = 1000
+const SHOW_TRIES = 20
+
 export class Sessions {
-  constructor({ client, bridge, sleep }) {
-    Object.assign(this, { client, bridge, sleep })
+  constructor({ client, bridge, sleep, log }) {
+    Object.assign(this, { client, bridge, sleep, log })
     // All written by the hooks and the calls, on opencode's one thread.
     this.chosen = null // the session lich drives
     this.creating = null // its creation, while lich's first call makes it
@@ -26,14 +35,28 @@ export class Sessions {
         const made = await answer(this.client.session.create({ body: {} }), 'create a session')
         this.parents.set(made.id, null)
         this.#choose(made.id)
-        // Shown, so the user sees what lich does there; a TUI that cannot be told stays put.
-        void this.client.tui.publish({ body: { type: 'tui.session.select', properties: { sessionID: made.id } } }).catch?.(() => {})
+        // Shown, so the person sees what lich does there.
+        void this.#show(made.id)
         return made.id
       } finally {
         this.creating = null
       }
     })()
     return this.creating
+  }
+
+  // Selects the session in the TUI (SHOW_TRIES above says why more than once).
+  // Never throws: a TUI that refuses it stays where it is, and the log says why.
+  async #show(session) {
+    for (let sent = 1; this.chosen === session; sent++) {
+      const { error } = await this.client.tui.publish({ body: { type: 'tui.session.select', properties: { sessionID: session } } }).catch(err => ({ error: err }))
+      if (error !== undefined && error !== null) {
+        this.log('warn', `opencode's TUI could not be told to show lich's session ${session}: ${describeError(error)}`)
+        return
+      }
+      if (sent === SHOW_TRIES) return
+      await this.sleep(SHOW_EVERY_MS)
+    }
   }
 
   // A user message as opencode creates it (`chat.message`): a root session's
