@@ -30,9 +30,6 @@ log = logging.getLogger("lich_control.worker")
 QUICK_TIMEOUT = 10.0
 FORK_TIMEOUT = 300.0  # well past the 109 s the seed saw a real fork take
 NO_TURN = "no turn is running"
-# One: the calls go out one at a time on stdout (the bridge's write lock)
-# whatever the threads, and a fork in flight holds none.
-ASK_THREADS = 1
 
 Outcome = Tuple[bool, Optional[str]]  # ok, error
 _STOP = object()
@@ -42,13 +39,12 @@ class Worker:
     """The queue, the thread and the overrides are this object's; the
     overrides are only ever replaced whole, so readers need no lock."""
 
-    def __init__(self, engine: Engine, turns: Turns, acks: Acks, activity: Activity, session_id: str, quick_timeout: float = QUICK_TIMEOUT):
+    def __init__(self, engine: Engine, turns: Turns, acks: Acks, activity: Activity, session_id: str):
         self._engine = engine
         self._turns = turns
         self._acks = acks
         self._activity = activity
         self._session_id = session_id
-        self._quick_timeout = quick_timeout
         self._queue: "queue.Queue" = queue.Queue()  # unbounded: put never blocks
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lich-worker", daemon=True)
@@ -102,10 +98,10 @@ class Worker:
             turn = self._turns.current
             if turn is None:
                 return False, NO_TURN
-            return call_outcome(self._call(command, "turn.abort", {"turnId": turn}, self._quick_timeout).result())
+            return call_outcome(self._call(command, "turn.abort", {"turnId": turn}, QUICK_TIMEOUT).result())
         if command.kind in ("model", "effort"):
             wanted = attrs.evolve(self.overrides, **{command.kind: getattr(command, command.kind)})
-            result = self._call(command, "overrides.set", {"model": wanted.model, "effort": wanted.effort}, self._quick_timeout).result()
+            result = self._call(command, "overrides.set", {"model": wanted.model, "effort": wanted.effort}, QUICK_TIMEOUT).result()
             if result.ok:
                 self.overrides = wanted
                 self._activity.set_overrides(wanted)
@@ -138,38 +134,38 @@ class Asks:
     """Side questions, each answered by a fork beside the turn.
 
     An ask starts the moment its poll returns, several at once, and is acked
-    whenever its fork answers, or failed at its deadline. The pool writes
-    each fork's call off the poller's thread, which a relay slow to read
-    stdout must never hold (polling never waits on a command); a fork in
-    flight holds no thread: its ack goes from `Acks` once it settles. The
-    pool is this object's.
+    whenever its fork answers, or failed at its deadline; a fork in flight
+    holds no thread, its ack goes from `Acks` once it settles. The pool is
+    this object's.
     """
 
-    def __init__(self, engine: Engine, acks: Acks, activity: Activity, session_id: str, timeout: float = FORK_TIMEOUT):
+    def __init__(self, engine: Engine, acks: Acks, activity: Activity, session_id: str):
         self._engine = engine
         self._acks = acks
         self._activity = activity
         self._session_id = session_id
-        self._timeout = timeout
-        self._pool = ThreadPoolExecutor(max_workers=ASK_THREADS, thread_name_prefix="lich-ask")
+        # Its one thread writes each fork's call on stdout, off the poller's
+        # thread, which a relay slow to read stdout must never hold.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lich-ask")
 
     def submit(self, command: Command) -> None:
         self._activity.waiting(command.id, "ask pool")
         try:
-            job = self._pool.submit(self._start, command)
+            self._pool.submit(self._start, command)
         except RuntimeError:  # the pool is shut: the daemon is stopping
             log.info("the daemon is stopping: %s is not asked", command.id)
-            return
-        job.add_done_callback(_said)
 
     def stop(self) -> None:
         """Start nothing new; forks that settle from now on are not acked."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _start(self, command: Command) -> None:
-        self._activity.waiting(command.id, "fork")
-        fork = self._engine.call("model.fork", {"prompt": ask_prompt(command.question)}, self._timeout)
-        self._acks.send_when_done(fork, lambda result: fork_ack(self._session_id, command, result))
+        try:
+            self._activity.waiting(command.id, "fork")
+            fork = self._engine.call("model.fork", {"prompt": ask_prompt(command.question)}, FORK_TIMEOUT)
+            self._acks.send_when_done(fork, lambda result: fork_ack(self._session_id, command, result))
+        except Exception:  # the ask thread's one catch-all: a bug costs this ask (unacked, said here), no other
+            log.exception("the ask %s was lost", command.id)
 
 
 def fork_ack(session_id: str, command: Command, result: CallResult) -> Ack:
@@ -187,8 +183,3 @@ def fork_ack(session_id: str, command: Command, result: CallResult) -> Ack:
     elif not isinstance(reason, str) or not reason:
         reason = "the fork answered in a shape this daemon does not know"
     return Ack(session_id, command.id, "ask", ok=False, error=reason)
-
-
-def _said(job: Future) -> None:
-    if not job.cancelled() and job.exception() is not None:  # a Future keeps its job's exception to itself
-        log.error("an ask failed unexpectedly", exc_info=job.exception())
