@@ -5,7 +5,7 @@ A prompt or a slash command is started in its place and acked when the
 session settles it; the next command runs at once. Every other command is
 acked, and its ack awaited, before the next one: lich ends the turn it has
 open when an abort's ack lands, so a late ack would end the turn the next
-prompt opened. `Worker._apply` returns a command's outcome, or the Future of
+prompt opened. `Worker._apply` returns a command's result, or the Future of
 the call it started, and never sends: `Acks` sends, from one place.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 import attrs
 
@@ -31,7 +31,6 @@ QUICK_TIMEOUT = 10.0
 FORK_TIMEOUT = 300.0  # well past the 109 s the seed saw a real fork take
 NO_TURN = "no turn is running"
 
-Outcome = Tuple[bool, Optional[str]]  # ok, error
 _STOP = object()
 
 
@@ -76,16 +75,15 @@ class Worker:
         if self._stopping.is_set():
             self._activity.abandoned(command.id, "the daemon is stopping")
             return
-        outcome = self._apply(command)
-        if isinstance(outcome, Future):
-            read = prompt_outcome if command.kind == "prompt" else call_outcome
-            self._acks.send_when_done(outcome, lambda result: self._ack(command, read(result)))
+        result = self._apply(command)
+        if isinstance(result, Future):
+            self._acks.send_when_done(result, lambda settled: self._ack(command, settled))
         else:
-            self._acks.send(self._ack(command, outcome))
+            self._acks.send(self._ack(command, result))
 
-    def _apply(self, command: Command) -> Union[Outcome, "Future[CallResult]"]:
+    def _apply(self, command: Command) -> Union[CallResult, "Future[CallResult]"]:
         if command.problem is not None:
-            return False, command.problem
+            return CallResult.failed(command.problem)
         if command.kind == "prompt":
             if command.notification is None:
                 return self._call(command, "prompt.submit", {"text": command.text})
@@ -97,16 +95,16 @@ class Worker:
         if command.kind == "abort":
             turn = self._turns.current
             if turn is None:
-                return False, NO_TURN
-            return call_outcome(self._call(command, "turn.abort", {"turnId": turn}, QUICK_TIMEOUT).result())
+                return CallResult.failed(NO_TURN)
+            return self._call(command, "turn.abort", {"turnId": turn}, QUICK_TIMEOUT).result()
         if command.kind in ("model", "effort"):
             wanted = attrs.evolve(self.overrides, **{command.kind: getattr(command, command.kind)})
             result = self._call(command, "overrides.set", {"model": wanted.model, "effort": wanted.effort}, QUICK_TIMEOUT).result()
             if result.ok:
                 self.overrides = wanted
                 self._activity.set_overrides(wanted)
-            return call_outcome(result)
-        return False, UNKNOWN_KIND  # asks never reach the worker; anything else is a bug upstream
+            return result
+        return CallResult.failed(UNKNOWN_KIND)  # asks never reach the worker; anything else is a bug upstream
 
     def _call(self, command: Command, method: str, args: dict, timeout: Optional[float] = None) -> "Future[CallResult]":
         """The call's Future, settled by its deadline at the latest: an
@@ -114,20 +112,11 @@ class Worker:
         self._activity.waiting(command.id, "session")
         return self._engine.call(method, args, timeout)
 
-    def _ack(self, command: Command, outcome: Outcome) -> Ack:
-        ok, error = outcome
-        return Ack(self._session_id, command.id, command.kind, ok=ok, error=error)
-
-
-def call_outcome(result: CallResult) -> Outcome:
-    return (True, None) if result.ok else (False, result.error or "the session refused it without a reason")
-
-
-def prompt_outcome(result: CallResult) -> Outcome:
-    """A prompt a hook or the engine dropped resolves, but did not start a turn."""
-    if result.ok and isinstance(result.value, dict) and isinstance(result.value.get("drop"), str):
-        return False, result.value["drop"] or "the prompt was dropped without a reason"
-    return call_outcome(result)
+    def _ack(self, command: Command, result: CallResult) -> Ack:
+        drop = result.value.get("drop") if command.kind == "prompt" and isinstance(result.value, dict) else None
+        if result.ok and isinstance(drop, str):  # a prompt a hook dropped resolves, but started no turn
+            return Ack(self._session_id, command.id, command.kind, ok=False, error=drop or "the prompt was dropped without a reason")
+        return Ack(self._session_id, command.id, command.kind, ok=result.ok, error=result.error)
 
 
 class Asks:
