@@ -107,12 +107,17 @@ def test_a_result_of_the_wrong_shape_is_refused_with_a_reason(wire, doc, reason)
         bridge.result(doc)
 
 
-def test_a_result_for_no_call_waiting_is_ignored(wire, caplog):
+def test_a_result_for_no_call_waiting_a_late_one_included_is_ignored(wire, caplog):
     bridge, _, _, _ = wire
     waiting = bridge.call("prompt.submit", {"text": "x"}, None)
+    fork = bridge.call("model.fork", {"prompt": "q"}, 0)
+    assert fork.result(WAIT) == CallResult.failed("model.fork did not answer within 0 s")
     with caplog.at_level(logging.INFO, logger="lich_control.bridge"):
         bridge.result({"id": "c404", "ok": True, "value": None})
-    assert not waiting.done() and "a result for c404, which is no call waiting here; ignored" in caplog.text
+        bridge.result({"id": "c2", "ok": True, "value": "late"})
+    assert not waiting.done() and fork.result() == CallResult.failed("model.fork did not answer within 0 s")
+    assert "a result for c404, which is no call waiting here; ignored" in caplog.text
+    assert "a result for c2, which is no call waiting here; ignored" in caplog.text
 
 
 def test_events_move_the_recorded_turn_and_an_unknown_one_is_ignored(wire):
@@ -192,15 +197,6 @@ def test_a_call_fails_at_its_deadline_and_not_before():
     calls.add("barrier", 0)[1].result(WAIT)  # falls after the abort's
     assert abort.result(0) == CallResult.failed("turn.abort did not answer within 10 s")
     assert not prompt.done()  # no deadline
-    calls.close("the test is over")
-
-
-def test_a_late_result_is_ignored_and_the_call_forgotten():
-    calls = PendingCalls()
-    call_id, fork = calls.add("model.fork", 0)
-    assert fork.result(WAIT).error == "model.fork did not answer within 0 s"
-    assert calls.settle(call_id, CallResult.answered("late")) is False
-    assert fork.result() == CallResult.failed("model.fork did not answer within 0 s")
     calls.close("the test is over")
 
 
