@@ -22,10 +22,6 @@ TOKEN = "ack/tok+en&x=1"
 URL = f"http://127.0.0.1:4312/mod/acks?token={quote(TOKEN, safe='')}"
 
 
-def units(text):
-    return len(text.encode("utf-16-le", "surrogatepass")) // 2
-
-
 def ack(answer=None, error=None, ok=True):
     return Ack("s1", "m9", "ask", ok=ok, error=error, answer=answer)
 
