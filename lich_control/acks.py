@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Callable, Optional, Set
+from typing import Callable, Optional
 
 import attrs
 
@@ -25,7 +25,6 @@ log = logging.getLogger("lich_control.acks")
 MAX_BODY_BYTES = 64 * 1024
 ANSWER_UNITS = 16_000  # UTF-16 code units, as JavaScript counts a string
 TRUNCATED = "\n[truncated]"
-POOL_SIZE = 8
 
 
 class AckTooLarge(Exception):
@@ -46,50 +45,45 @@ class Ack:
 
         The 16,000-unit cut alone does not bound the bytes (an answer of
         control characters encodes at six bytes a unit), so a body that is
-        still too large has its answer, or else its error, cut further.
+        still too large has its free text (the answer, else the error) cut
+        further.
         """
-        answer = cut_answer(self.answer) if self.answer is not None else None
-        body = _encode(self._doc(answer, self.error))
+        doc = {"session_id": self.session_id, "id": self.id, "kind": self.kind, "ok": self.ok}
+        if self.error is not None:
+            doc["error"] = self.error
+        if self.answer is not None:
+            doc["answer"] = cut_answer(self.answer)
+        body = _encode(doc)
         if len(body) < MAX_BODY_BYTES:
             return body
-        if answer is not None:
-            return self._shrunk(lambda text: self._doc(text, self.error), self.answer)
-        if self.error is not None:
-            return self._shrunk(lambda text: self._doc(None, text), self.error)
-        raise AckTooLarge(f"the ack for {self.id[:40]!r} is over {MAX_BODY_BYTES} bytes")
-
-    def _doc(self, answer: Optional[str], error: Optional[str]) -> dict:
-        doc = {"session_id": self.session_id, "id": self.id, "kind": self.kind, "ok": self.ok}
-        if error is not None:
-            doc["error"] = error
-        if answer is not None:
-            doc["answer"] = answer
-        return doc
-
-    def _shrunk(self, build, text: str) -> bytes:
-        # The largest prefix (in UTF-16 units) whose body fits: bodies grow
-        # with the prefix, so a binary search finds it in ~15 encodings.
-        units = _utf16_units(text)
-        low, high = 0, min(units, ANSWER_UNITS)
-        while low < high:
-            mid = (low + high + 1) // 2
-            if len(_encode(build(_prefix(text, mid) + TRUNCATED))) < MAX_BODY_BYTES:
-                low = mid
-            else:
-                high = mid - 1
-        body = _encode(build(_prefix(text, low) + TRUNCATED))
-        if len(body) >= MAX_BODY_BYTES:
-            raise AckTooLarge(f"the ack for {self.id[:40]!r} is over {MAX_BODY_BYTES} bytes")
-        return body
+        field = "answer" if self.answer is not None else "error"
+        return _shrunk(doc, field, getattr(self, field) or "")
 
 
 def cut_answer(text: str) -> str:
     """Cut at 16,000 UTF-16 units, never inside a surrogate pair."""
-    if len(text) <= ANSWER_UNITS // 2:  # each code point is at most two units
-        return text
     if _utf16_units(text) <= ANSWER_UNITS:
         return text
     return _prefix(text, ANSWER_UNITS) + TRUNCATED
+
+
+def _shrunk(doc: dict, field: str, text: str) -> bytes:
+    """The body with `doc[field]` cut to the longest prefix (in UTF-16
+    units) that fits: bodies grow with the prefix, so a binary search finds
+    it in about 15 encodings."""
+    low, high = 0, min(_utf16_units(text), ANSWER_UNITS)
+    while low < high:
+        mid = (low + high + 1) // 2
+        doc[field] = _prefix(text, mid) + TRUNCATED
+        if len(_encode(doc)) < MAX_BODY_BYTES:
+            low = mid
+        else:
+            high = mid - 1
+    doc[field] = _prefix(text, low) + TRUNCATED
+    body = _encode(doc)
+    if len(body) >= MAX_BODY_BYTES:
+        raise AckTooLarge(f"the ack is over {MAX_BODY_BYTES} bytes even with its {field} cut")
+    return body
 
 
 def _utf16_units(text: str) -> int:
@@ -113,29 +107,26 @@ def _encode(doc: dict) -> bytes:
 
 class Acks:
     """Sends each ack once: `send` in the caller's thread, `send_when_done`
-    from a pool thread once a call's Future settles.
+    from the ack thread once a call's Future settles.
 
-    The worker sends its abort, model, effort and refusal acks itself, and
-    waits for each, since every other ack is awaited before the next
-    command (contract, Order). A prompt's, a slash command's or an ask's
-    ack goes once its call settles, and not from the thread that settled
-    it, where its done-callback runs: that is the socket's thread answering
-    the relay's POST /v1/result, or the bridge's deadline thread, and an
-    ack's POST may take 10 s. The relay's results must all be taken (bridge.md:
-    "no result is refused", with the socket's connections bounded), and
-    the deadline thread keeps the deadline of the abort the worker awaits,
-    when nothing waits on an ask (contract, Order). So those acks go from
-    this pool, each as soon as its call settles. The pool, the acks
-    handed to it and each sending thread's lich client are this object's.
+    The worker sends its abort, model, effort and refusal acks itself and
+    waits for each: every such ack is awaited before the next command
+    (contract, Order). A prompt's, a slash command's or an ask's ack is due
+    when its call settles, in the thread that settled it, and an ack's POST
+    may take 10 s. That thread must not wait so long, by two rules: it is
+    the socket's, answering the relay's POST /v1/result, and the relay's
+    results must all be taken (bridge.md: "no result is refused"); or it is
+    the deadline thread, which keeps the deadline of the abort the worker
+    awaits. So those acks go from one thread of their own, in the order
+    their calls settled. The executor and each sending thread's lich client
+    are this object's.
     """
 
-    def __init__(self, client_factory: Callable[[], LichClient], activity: Activity, size: int = POOL_SIZE):
+    def __init__(self, client_factory: Callable[[], LichClient], activity: Activity):
         self._client_factory = client_factory
         self._activity = activity
-        self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="lich-ack")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lich-ack")
         self._local = threading.local()  # one lich client per sending thread
-        self._lock = threading.Lock()
-        self._handed: Set[Future] = set()
 
     def send(self, ack: Ack) -> bool:
         """Post one ack from this thread; True when lich took it."""
@@ -153,33 +144,28 @@ class Acks:
         return failure is None
 
     def send_when_done(self, future: "Future[CallResult]", ack_of: Callable[[CallResult], Ack]) -> None:
-        """Once `future` settles, send `ack_of` its result from the pool."""
-        future.add_done_callback(lambda done: self._hand_on(done, ack_of))
+        """Once `future` settles, send `ack_of` its result from the ack thread."""
+        future.add_done_callback(lambda done: self._submit(done, ack_of))
 
     def stop(self, timeout: float) -> bool:
-        """Take nothing new; let what was handed on go within `timeout`.
-        True if it all went."""
+        """Take nothing new; let the acks already submitted go within
+        `timeout`. True if they all went."""
+        last = self._pool.submit(lambda: None)  # one thread takes jobs in order: the last is done after all
         self._pool.shutdown(wait=False)
-        with self._lock:
-            handed = list(self._handed)
-        return not wait(handed, timeout).not_done
+        return bool(wait([last], timeout).done)
 
-    def _hand_on(self, done: "Future[CallResult]", ack_of: Callable[[CallResult], Ack]) -> None:
-        """The settling thread: hands the ack to the pool and returns."""
+    def _submit(self, done: "Future[CallResult]", ack_of: Callable[[CallResult], Ack]) -> None:
+        """In the settling thread: queue the ack for the ack thread, and return."""
         try:
-            job = self._pool.submit(lambda: self.send(ack_of(done.result())))
-        except RuntimeError:  # the pool is shut: the daemon is stopping
+            self._pool.submit(self._send_result, done.result(), ack_of)
+        except RuntimeError:  # shut down: the daemon is stopping
             log.info("the daemon is stopping: a call settled now is not acked")
-            return
-        with self._lock:
-            self._handed.add(job)
-        job.add_done_callback(self._sent)
 
-    def _sent(self, job: Future) -> None:
-        with self._lock:
-            self._handed.discard(job)
-        if job.exception() is not None:  # a Future keeps its job's exception to itself: say it
-            log.error("an ack was lost", exc_info=job.exception())
+    def _send_result(self, result: CallResult, ack_of: Callable[[CallResult], Ack]) -> None:
+        try:
+            self.send(ack_of(result))
+        except Exception:  # the ack thread's one catch-all: a bug loses this ack, said here, and no other
+            log.exception("an ack was lost")
 
     def _client(self) -> LichClient:
         client = getattr(self._local, "client", None)

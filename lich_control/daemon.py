@@ -11,9 +11,9 @@ Threads, each owning its own state:
                parent gone, the poller crashed) and runs the shutdown;
   lich-poller  the long poll and its backoff (Poller);
   lich-worker  the ordered commands and the overrides (Worker);
-  lich-ack-N   send the acks of prompts, slash commands and asks as their
+  lich-ack_0   sends the acks of prompts, slash commands and asks as their
                calls settle (Acks: off the thread that settled them);
-  lich-ask-0   writes each fork's call, so the poller never writes (Asks);
+  lich-ask_0   writes each fork's call, so the poller never writes (Asks);
   lich-call-deadlines  settles each call its deadline overtakes (Bridge);
   lich-socket  accepts the relay's connections, a thread per connection
                (unix_socket);

@@ -5,7 +5,7 @@ A prompt or a slash command is started in its place and acked when the
 session settles it; the next command runs at once. Every other command is
 acked, and its ack awaited, before the next one: lich ends the turn it has
 open when an abort's ack lands, so a late ack would end the turn the next
-prompt opened. `Worker._apply` returns a command's outcome, or the Future of
+prompt opened. `Worker._apply` returns a command's result, or the Future of
 the call it started, and never sends: `Acks` sends, from one place.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 import attrs
 
@@ -30,11 +30,7 @@ log = logging.getLogger("lich_control.worker")
 QUICK_TIMEOUT = 10.0
 FORK_TIMEOUT = 300.0  # well past the 109 s the seed saw a real fork take
 NO_TURN = "no turn is running"
-# One: the calls go out one at a time on stdout (the bridge's write lock)
-# whatever the threads, and a fork in flight holds none.
-ASK_THREADS = 1
 
-Outcome = Tuple[bool, Optional[str]]  # ok, error
 _STOP = object()
 
 
@@ -42,13 +38,12 @@ class Worker:
     """The queue, the thread and the overrides are this object's; the
     overrides are only ever replaced whole, so readers need no lock."""
 
-    def __init__(self, engine: Engine, turns: Turns, acks: Acks, activity: Activity, session_id: str, quick_timeout: float = QUICK_TIMEOUT):
+    def __init__(self, engine: Engine, turns: Turns, acks: Acks, activity: Activity, session_id: str):
         self._engine = engine
         self._turns = turns
         self._acks = acks
         self._activity = activity
         self._session_id = session_id
-        self._quick_timeout = quick_timeout
         self._queue: "queue.Queue" = queue.Queue()  # unbounded: put never blocks
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lich-worker", daemon=True)
@@ -80,16 +75,15 @@ class Worker:
         if self._stopping.is_set():
             self._activity.abandoned(command.id, "the daemon is stopping")
             return
-        outcome = self._apply(command)
-        if isinstance(outcome, Future):
-            read = prompt_outcome if command.kind == "prompt" else call_outcome
-            self._acks.send_when_done(outcome, lambda result: self._ack(command, read(result)))
+        result = self._apply(command)
+        if isinstance(result, Future):
+            self._acks.send_when_done(result, lambda settled: self._ack(command, settled))
         else:
-            self._acks.send(self._ack(command, outcome))
+            self._acks.send(self._ack(command, result))
 
-    def _apply(self, command: Command) -> Union[Outcome, "Future[CallResult]"]:
+    def _apply(self, command: Command) -> Union[CallResult, "Future[CallResult]"]:
         if command.problem is not None:
-            return False, command.problem
+            return CallResult.failed(command.problem)
         if command.kind == "prompt":
             if command.notification is None:
                 return self._call(command, "prompt.submit", {"text": command.text})
@@ -101,16 +95,16 @@ class Worker:
         if command.kind == "abort":
             turn = self._turns.current
             if turn is None:
-                return False, NO_TURN
-            return call_outcome(self._call(command, "turn.abort", {"turnId": turn}, self._quick_timeout).result())
+                return CallResult.failed(NO_TURN)
+            return self._call(command, "turn.abort", {"turnId": turn}, QUICK_TIMEOUT).result()
         if command.kind in ("model", "effort"):
             wanted = attrs.evolve(self.overrides, **{command.kind: getattr(command, command.kind)})
-            result = self._call(command, "overrides.set", {"model": wanted.model, "effort": wanted.effort}, self._quick_timeout).result()
+            result = self._call(command, "overrides.set", {"model": wanted.model, "effort": wanted.effort}, QUICK_TIMEOUT).result()
             if result.ok:
                 self.overrides = wanted
                 self._activity.set_overrides(wanted)
-            return call_outcome(result)
-        return False, UNKNOWN_KIND  # asks never reach the worker; anything else is a bug upstream
+            return result
+        return CallResult.failed(UNKNOWN_KIND)  # asks never reach the worker; anything else is a bug upstream
 
     def _call(self, command: Command, method: str, args: dict, timeout: Optional[float] = None) -> "Future[CallResult]":
         """The call's Future, settled by its deadline at the latest: an
@@ -118,58 +112,49 @@ class Worker:
         self._activity.waiting(command.id, "session")
         return self._engine.call(method, args, timeout)
 
-    def _ack(self, command: Command, outcome: Outcome) -> Ack:
-        ok, error = outcome
-        return Ack(self._session_id, command.id, command.kind, ok=ok, error=error)
-
-
-def call_outcome(result: CallResult) -> Outcome:
-    return (True, None) if result.ok else (False, result.error or "the session refused it without a reason")
-
-
-def prompt_outcome(result: CallResult) -> Outcome:
-    """A prompt a hook or the engine dropped resolves, but did not start a turn."""
-    if result.ok and isinstance(result.value, dict) and isinstance(result.value.get("drop"), str):
-        return False, result.value["drop"] or "the prompt was dropped without a reason"
-    return call_outcome(result)
+    def _ack(self, command: Command, result: CallResult) -> Ack:
+        drop = result.value.get("drop") if command.kind == "prompt" and isinstance(result.value, dict) else None
+        if result.ok and isinstance(drop, str):  # a prompt a hook dropped resolves, but started no turn
+            return Ack(self._session_id, command.id, command.kind, ok=False, error=drop or "the prompt was dropped without a reason")
+        return Ack(self._session_id, command.id, command.kind, ok=result.ok, error=result.error)
 
 
 class Asks:
     """Side questions, each answered by a fork beside the turn.
 
     An ask starts the moment its poll returns, several at once, and is acked
-    whenever its fork answers, or failed at its deadline. The pool writes
-    each fork's call off the poller's thread, which a relay slow to read
-    stdout must never hold (polling never waits on a command); a fork in
-    flight holds no thread: its ack goes from `Acks` once it settles. The
-    pool is this object's.
+    whenever its fork answers, or failed at its deadline; a fork in flight
+    holds no thread, its ack goes from `Acks` once it settles. The pool is
+    this object's.
     """
 
-    def __init__(self, engine: Engine, acks: Acks, activity: Activity, session_id: str, timeout: float = FORK_TIMEOUT):
+    def __init__(self, engine: Engine, acks: Acks, activity: Activity, session_id: str):
         self._engine = engine
         self._acks = acks
         self._activity = activity
         self._session_id = session_id
-        self._timeout = timeout
-        self._pool = ThreadPoolExecutor(max_workers=ASK_THREADS, thread_name_prefix="lich-ask")
+        # Its one thread writes each fork's call on stdout, off the poller's
+        # thread, which a relay slow to read stdout must never hold.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lich-ask")
 
     def submit(self, command: Command) -> None:
         self._activity.waiting(command.id, "ask pool")
         try:
-            job = self._pool.submit(self._start, command)
+            self._pool.submit(self._start, command)
         except RuntimeError:  # the pool is shut: the daemon is stopping
             log.info("the daemon is stopping: %s is not asked", command.id)
-            return
-        job.add_done_callback(_said)
 
     def stop(self) -> None:
         """Start nothing new; forks that settle from now on are not acked."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _start(self, command: Command) -> None:
-        self._activity.waiting(command.id, "fork")
-        fork = self._engine.call("model.fork", {"prompt": ask_prompt(command.question)}, self._timeout)
-        self._acks.send_when_done(fork, lambda result: fork_ack(self._session_id, command, result))
+        try:
+            self._activity.waiting(command.id, "fork")
+            fork = self._engine.call("model.fork", {"prompt": ask_prompt(command.question)}, FORK_TIMEOUT)
+            self._acks.send_when_done(fork, lambda result: fork_ack(self._session_id, command, result))
+        except Exception:  # the ask thread's one catch-all: a bug costs this ask (unacked, said here), no other
+            log.exception("the ask %s was lost", command.id)
 
 
 def fork_ack(session_id: str, command: Command, result: CallResult) -> Ack:
@@ -187,8 +172,3 @@ def fork_ack(session_id: str, command: Command, result: CallResult) -> Ack:
     elif not isinstance(reason, str) or not reason:
         reason = "the fork answered in a shape this daemon does not know"
     return Ack(session_id, command.id, "ask", ok=False, error=reason)
-
-
-def _said(job: Future) -> None:
-    if not job.cancelled() and job.exception() is not None:  # a Future keeps its job's exception to itself
-        log.error("an ask failed unexpectedly", exc_info=job.exception())

@@ -162,25 +162,3 @@ class RawAnswer:
         except OSError:
             pass
         self.sock.close()
-
-
-class StdoutCalls:
-    """The bridge's stdout, read as the relay reads it: a test waits for the nth call."""
-
-    def __init__(self, timeout: float = 10.0):
-        self.cond = threading.Condition()
-        self.lines = []
-        self.timeout = timeout
-
-    def write(self, data):
-        with self.cond:
-            self.lines.append(json.loads(data))
-            self.cond.notify_all()
-
-    def flush(self):
-        pass
-
-    def wait(self, n):
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.lines) >= n, self.timeout), self.lines
-            return self.lines[n - 1]
