@@ -94,7 +94,7 @@ function world(answers = {}, options = {}) {
     python: options.python === undefined ? '/venv/bin/python' : options.python,
     data: '/data/opencode/lich-control',
     spawn: (command, args, spawnOptions) => {
-      spawned.push({ command, args, cwd: spawnOptions.cwd })
+      spawned.push({ command, args, cwd: spawnOptions.cwd, env: spawnOptions.env })
       if (String(args[0]).endsWith('lich_runtime.py')) {
         return new FakeSetup(options.setup ?? { ok: true, python: '/data/env/bin/python', built: true }, options.steps)
       }
@@ -210,6 +210,8 @@ test('the daemon runs with the interpreter the python option names, and nothing 
   await until(() => w.daemons.length === 1, [])
   assert.deepEqual(w.spawned.map(s => [s.command, ...s.args]), [['/venv/bin/python', '-m', 'lich_control.daemon', '--host', 'opencode']])
   assert.equal(w.spawned[0].cwd, ROOT)
+  // opencode's environment, and opencode's own pid named as the daemon's parent.
+  assert.deepEqual(w.spawned[0].env, { ...process.env, LICH_CONTROL_PARENT_PID: String(process.pid) })
 })
 
 test('with no interpreter named, the shared setup builds one and the daemon runs from it', async () => {

@@ -30,9 +30,18 @@ describe('the gate', () => {
     // The plugin's folder, where lich_control is, not the session's.
     expect(cwd).toStartWith('/')
     expect(cwd).not.toBe(INTERACTIVE.cwd)
-    expect(env).toEqual({ CLAUDE_PID: '77', CLAUDE_PLUGIN_DATA: DATA })
+    // What a command hook gets, and the engine's pid named as the daemon's parent.
+    expect(env).toEqual({ CLAUDE_PID: '77', CLAUDE_PLUGIN_DATA: DATA, LICH_CONTROL_PARENT_PID: '77' })
     // The token reaches the daemon through the inherited environment alone.
     expect(JSON.stringify(world.child.request)).not.toContain(LICH.LICH_TOKEN)
+  })
+
+  test('with no hook variables to read, the daemon is named no parent and finds its own', async ($, on) => {
+    const world = new World(on)
+    world.hookEnv = undefined
+    await $.session.start(INTERACTIVE)
+    await world.untilSpawned(1)
+    expect(world.child.request.env).toBeUndefined()
   })
 
   test('a non-interactive run starts nothing and leaves requests alone', async ($, on) => {
