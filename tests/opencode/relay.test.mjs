@@ -47,6 +47,7 @@ function fakeClient(answers = {}) {
 
 // A daemon that never runs: the test writes its stdout and ends it.
 class FakeDaemon extends EventEmitter {
+  pid = 4242
   stdout = new PassThrough()
   stderr = new PassThrough()
   killed = []
@@ -99,6 +100,7 @@ function world(answers = {}, options = {}) {
         return new FakeSetup(options.setup ?? { ok: true, python: '/data/env/bin/python', built: true }, options.steps)
       }
       const daemon = new FakeDaemon()
+      if (options.spawnFails) daemon.pid = undefined
       daemons.push(daemon)
       return daemon
     },
@@ -339,6 +341,13 @@ test('a restarted daemon starts with no overrides', async () => {
   await until(() => w.sleeps.length === 1, [])
   const message = await w.prompted('ses_a')
   assert.deepEqual(message.model, { providerID: 'fake', modelID: 'm1' })
+})
+
+test('dispose before a daemon that could not start has said so signals nothing', async () => {
+  // As Node's spawn answers for a missing interpreter: no pid, the error told later.
+  const w = world({}, { spawnFails: true })
+  await w.hooks.dispose()
+  assert.deepEqual(w.daemon().killed, [])
 })
 
 test('dispose ends the daemon and restarts nothing', async () => {
