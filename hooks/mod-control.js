@@ -195,7 +195,11 @@ async function setUp($, env) {
 
 // What the bridge needs of Claude Code to run the daemon and serve it.
 function host($, python, env) {
-  const request = { argv: [python, '-m', 'lich_control.daemon'], cwd: $.plugin.root, ...(env && { env }) }
+  // The daemon checks that its parent is the process named here, so a
+  // Claude Code gone before the daemon's interpreter started is noticed. A
+  // mod has no `process`: CLAUDE_PID names the engine, which spawns the child.
+  const daemonEnv = env?.CLAUDE_PID ? { ...env, LICH_CONTROL_PARENT_PID: env.CLAUDE_PID } : env
+  const request = { argv: [python, '-m', 'lich_control.daemon'], cwd: $.plugin.root, ...(daemonEnv && { env: daemonEnv }) }
   return {
     run: onLine => run($, request, onLine),
     invoke: (method, args) => invoke($, method, args),

@@ -1,5 +1,5 @@
 """The development lich's rules (lich_dev/rules.py, releases.py): what lich
-refuses and how it words it, how it decodes an ack and encodes an answer.
+refuses and how it words it, and which acks it takes.
 
 Pure functions, no server. Each rule names the place in lich's server
 (github.com/omartelo/lich, internal/terminal/modcontrol.go unless said).
@@ -15,7 +15,6 @@ from lich_dev.rules import (
     PLUGIN_TOO_OLD,
     Refused,
     check_command,
-    encode_answer,
     parse_json,
     reported_error,
     validate_ack,
@@ -71,8 +70,6 @@ def test_a_command_is_queued_as_lichs_go_struct_holds_it():
     assert check_command({"kind": "model", "model": ""}) == {"kind": "model"}
     assert check_command({"kind": "effort", "effort": None}) == {"kind": "effort"}
     assert check_command({"kind": "command", "name": "clear", "args": ""}) == {"kind": "command", "name": "clear"}
-    # U+001C is white space to str.strip, not to Go's unicode.IsSpace; a Go string holds no lone surrogate
-    assert check_command({"kind": "prompt", "text": "\x1c\ud800"})["text"] == "\x1c\ufffd"
 
 
 @pytest.mark.parametrize(
@@ -113,16 +110,6 @@ def test_ack_validation_matches_every_fixture_line_for_a_lich_that_knows_its_kin
 
 
 @pytest.mark.parametrize(
-    "doc",
-    [ack(ok=None), {k: v for k, v in ack().items() if k != "ok"}, ack(kind="prompt", answer=""), ack(answer=None), ack(error=None), ack(id="never-queued")],
-    ids=["ok-null", "ok-missing", "empty-answer-on-a-prompt", "answer-null", "error-null", "an-id-nobody-waits-on"],
-)
-def test_an_ack_lich_takes_is_taken(doc):
-    # a null or "" is the field's zero value: ok reads false, an empty answer is none
-    assert validate_ack(doc) is None
-
-
-@pytest.mark.parametrize(
     "doc, refused",
     [
         (ack(kind="rewind"), 'mod ack has unknown kind "rewind"'),  # lich's words
@@ -135,28 +122,6 @@ def test_an_ack_lich_takes_is_taken(doc):
 )
 def test_an_ack_lich_refuses_is_refused(doc, refused):
     assert validate_ack(doc) == refused
-
-
-def test_an_ack_body_is_decoded_as_go_decodes_it():
-    # one U+FFFD per byte that is not UTF-8, and for each lone surrogate an escape names
-    assert parse_json(b'{"a": "x\\ud800y\\udc00\\ud83d\\ude00", "\xff": "\xe2\x82!"}') == {"a": "x\ufffdy\ufffd\U0001f600", "\ufffd": "\ufffd\ufffd!"}
-    assert parse_json(b'{"ok": NaN}') is None  # Go knows no NaN
-
-
-@pytest.mark.parametrize(
-    "raw",
-    [b"[" * 100000 + b"]" * 100000, b'{"a":' * 50000 + b"1" + b"}" * 50000, b'{"id": "\\ud800"', b"\xef\xbb\xbf{}"],
-    ids=["deep-array", "deep-object", "cut-json", "byte-order-mark"],
-)
-def test_hostile_json_at_any_depth_is_no_document_never_an_exception(raw):
-    assert parse_json(raw) is None
-
-
-def test_an_answer_is_encoded_as_gos_json_encoder_writes_it():
-    assert encode_answer([{"id": "m1", "kind": "prompt", "text": "<a & b>\u2028é\ud800"}]) == (
-        '[{"id":"m1","kind":"prompt","text":"\\u003ca \\u0026 b\\u003e\\u2028é\ufffd"}]\n'.encode()
-    )
-    assert encode_answer([]) == b"[]\n"
 
 
 def test_a_mod_acking_unknown_kind_is_reported_as_lich_reports_it():
@@ -173,11 +138,10 @@ def test_a_mod_acking_unknown_kind_is_reported_as_lich_reports_it():
 @pytest.mark.parametrize(
     "version, ok",
     [
-        ("0.13.0", True), ("0.18.99", True), ("v0.16.0", True), ("0.16.0+build.7", True),
+        ("0.13.0", True), ("0.18.99", True),
         ("0.19.0-rc1", True),  # a pre-release sorts before its release
-        ("0.19.0", False), ("0.12.9", False), ("0.13.0-rc1", False), ("1.0.0", False),
-        ("", False), (None, False),  # an absent header: a plugin older than the header
-        ("junk", False), ("1.x", False),  # unreadable parts sort as 0
+        ("0.19.0", False), ("0.12.9", False),
+        (None, False),  # an absent header: a plugin older than the header
     ],
 )
 def test_the_supported_range_is_lichs(version, ok):

@@ -130,17 +130,6 @@ def test_a_new_release_builds_a_new_environment_and_keeps_one_before_it(tmp_path
         [os.path.basename(envs[1]), os.path.basename(envs[2]), runtime.CURRENT, runtime.LOCK])
 
 
-def test_an_environment_cut_short_is_built_again(plugin, data):
-    env = os.path.join(data, "env-" + plugin.key())
-    os.makedirs(os.path.join(env, "bin"))
-    write(os.path.join(env, "half-installed"), "")
-    setup = StandIn(data, plugin)
-    python, built = setup.ensure()
-    assert built is True
-    assert not os.path.exists(os.path.join(env, "half-installed"))
-    assert os.path.exists(os.path.join(env, runtime.STAMP))
-
-
 def test_an_environment_that_no_longer_runs_the_daemon_is_built_again(plugin, data):
     setup = StandIn(data, plugin)
     python, _ = setup.ensure()
@@ -243,7 +232,7 @@ def test_pips_output_is_told_in_a_phrase(tmp_path, output, problem):
     assert runtime.pip_problem(str(log)) == problem
 
 
-def test_the_next_build_clears_what_a_build_cut_short_left(plugin, data):
+def test_the_next_build_clears_what_a_build_cut_short_left_and_builds_again(plugin, data):
     scratch = os.path.join(data, "build-k3j2h1", "lich-control")
     os.makedirs(scratch)
     write(os.path.join(scratch, "setup.cfg"), "")

@@ -86,7 +86,9 @@ export class Relay {
 
   stop() {
     this.stopped = true
-    this.child?.kill('SIGTERM')
+    // A child whose spawn failed has no pid until its error is told, and
+    // Node's kill() of it until then signals our own process group (kill(0)).
+    if (this.child?.pid !== undefined) this.child.kill('SIGTERM')
     this.onStop()
   }
 

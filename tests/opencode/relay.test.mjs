@@ -47,6 +47,7 @@ function fakeClient(answers = {}) {
 
 // A daemon that never runs: the test writes its stdout and ends it.
 class FakeDaemon extends EventEmitter {
+  pid = 4242
   stdout = new PassThrough()
   stderr = new PassThrough()
   killed = []
@@ -94,11 +95,12 @@ function world(answers = {}, options = {}) {
     python: options.python === undefined ? '/venv/bin/python' : options.python,
     data: '/data/opencode/lich-control',
     spawn: (command, args, spawnOptions) => {
-      spawned.push({ command, args, cwd: spawnOptions.cwd })
+      spawned.push({ command, args, cwd: spawnOptions.cwd, env: spawnOptions.env })
       if (String(args[0]).endsWith('lich_runtime.py')) {
         return new FakeSetup(options.setup ?? { ok: true, python: '/data/env/bin/python', built: true }, options.steps)
       }
       const daemon = new FakeDaemon()
+      if (options.spawnFails) daemon.pid = undefined
       daemons.push(daemon)
       return daemon
     },
@@ -133,6 +135,8 @@ function world(answers = {}, options = {}) {
     // Resolves with the posted result of call `id`.
     result: id => until(() => posts.find(p => p.path === '/v1/result' && p.body.id === id)?.body, postWaiters),
     events: () => posts.filter(p => p.path === '/v1/event').map(p => `${p.body.event} ${p.body.turnId}`),
+    // What the relay logged, in order.
+    logs: () => client.named('app.log').map(c => c.options.body.message),
     settled: () => until(() => posts.length > 0 && true, postWaiters),
     bus: (type, properties) => hooks.event({ event: { type, properties } }),
     status: (sessionID, type) => w.bus('session.status', { sessionID, status: { type } }),
@@ -210,6 +214,8 @@ test('the daemon runs with the interpreter the python option names, and nothing 
   await until(() => w.daemons.length === 1, [])
   assert.deepEqual(w.spawned.map(s => [s.command, ...s.args]), [['/venv/bin/python', '-m', 'lich_control.daemon', '--host', 'opencode']])
   assert.equal(w.spawned[0].cwd, ROOT)
+  // opencode's environment, and opencode's own pid named as the daemon's parent.
+  assert.deepEqual(w.spawned[0].env, { ...process.env, LICH_CONTROL_PARENT_PID: String(process.pid) })
 })
 
 test('with no interpreter named, the shared setup builds one and the daemon runs from it', async () => {
@@ -219,8 +225,7 @@ test('with no interpreter named, the shared setup builds one and the daemon runs
     ['python3', join(ROOT, 'hooks', 'lich_runtime.py'), '--data', '/data/opencode/lich-control'],
     ['/data/env/bin/python', '-m', 'lich_control.daemon', '--host', 'opencode'],
   ])
-  assert.deepEqual(w.client.named('app.log').map(c => c.options.body.message),
-    ['lich-control: setup: creating a virtual environment in /data/env'])
+  assert.deepEqual(w.logs(), ['lich-control: setup: creating a virtual environment in /data/env'])
   const shell = { env: {} }
   await w.hooks['shell.env']({ cwd: '/work' }, shell)
   assert.deepEqual(shell.env, { LICH_CONTROL_PYTHON: '/data/env/bin/python' })
@@ -229,9 +234,9 @@ test('with no interpreter named, the shared setup builds one and the daemon runs
 test('a setup that fails is logged in its one line, and no daemon starts', async () => {
   const error = 'lich-control cannot set up its Python environment: the package index could not be reached. Set the plugin\'s python option'
   const w = world({}, { python: null, setup: { ok: false, error } })
-  await until(() => w.client.named('app.log').length === 1, [])
+  await until(() => w.logs().length === 1, [])
   await flush()
-  assert.equal(w.client.named('app.log')[0].options.body.message, error)
+  assert.deepEqual(w.logs(), [error])
   assert.equal(w.daemons.length, 0)
   assert.equal(w.spawned.length, 1)
   // The hooks still answer, and change nothing.
@@ -264,7 +269,7 @@ test('a post that fails on the way is sent again after a pause, and only a third
   await until(() => w.posts.length === 3, [])
   assert.deepEqual(new Set(w.posts.map(p => JSON.stringify(p.body))), new Set([JSON.stringify({ id: 'c1', ok: true, value: null })]))
   await flush()
-  assert.deepEqual(w.client.named('app.log').filter(c => c.options.body.message.includes('could not be reached')), [])
+  assert.deepEqual(w.logs().filter(m => m.includes('could not be reached')), [])
 
   const thrice = world({}, { failPosts: 3 })
   thrice.hello()
@@ -273,7 +278,7 @@ test('a post that fails on the way is sent again after a pause, and only a third
     await until(() => thrice.sleeps.length === sent, [])
     thrice.sleeps.at(-1).wake()
   }
-  await until(() => thrice.client.named('app.log').some(c => c.options.body.message.includes('could not be reached for /v1/result: socket hang up')), [])
+  await until(() => thrice.logs().some(m => m.includes('could not be reached for /v1/result: socket hang up')), [])
   assert.equal(thrice.posts.length, 3)
 })
 
@@ -300,32 +305,73 @@ test('a method the relay does not have is refused by name', async () => {
   assert.deepEqual(await w.result('c1'), { id: 'c1', ok: false, error: 'this relay has no method turn.rewind' })
 })
 
-test('a daemon that exits 1 is restarted after a growing delay, and hears of the running turn', async () => {
+// -- the daemon's life: bridge.js's rules, which the Claude Code relay shares --
+
+test('a daemon that exits 1 is restarted after a growing delay, five times at most; a restart hears of the running turn', async () => {
   const w = world()
   w.hello()
   await w.startTurn('ses_a')
   await w.settled()
+  for (let restart = 1; restart <= 5; restart++) {
+    w.daemon().exit(1)
+    await until(() => w.sleeps.length === restart, [])
+    assert.equal(w.sleeps.at(-1).ms, 1000 * 2 ** (restart - 1))
+    // Not started again before the delay is over.
+    await flush()
+    assert.equal(w.daemons.length, restart)
+    w.sleeps.at(-1).wake()
+    await until(() => w.daemons.length === restart + 1, [])
+    if (restart === 1) {
+      w.hello('/run/lich-control/second.sock')
+      await until(() => w.posts.some(p => p.socketPath.endsWith('second.sock')), [])
+      assert.deepEqual(w.posts.filter(p => p.socketPath.endsWith('second.sock')).map(p => p.body), [{ event: 'turn.start', turnId: 'o1' }])
+    }
+  }
+  w.daemon().exit(1)
+  await until(() => w.logs().some(m => m.includes('exited with 1; not restarting it again')), [])
+  assert.equal(w.sleeps.length, 5)
+  assert.equal(w.daemons.length, 6)
+})
+
+test('a daemon that ran a healthy minute before it died earns a fresh restart budget', async () => {
+  let now = 0
+  const w = world({}, { clock: () => now })
   w.daemon().exit(1)
   await until(() => w.sleeps.length === 1, [])
-  assert.equal(w.sleeps[0].ms, 1000)
+  w.sleeps[0].wake()
+  await until(() => w.daemons.length === 2, [])
+  now += 60_000
+  w.daemon().exit(1)
+  await until(() => w.sleeps.length === 2, [])
+  assert.equal(w.sleeps[1].ms, 1000)
+})
+
+test('a daemon that exits 0, or 2 (its configuration refused), is not restarted', async () => {
+  for (const code of [0, 2]) {
+    const w = world()
+    w.daemon().exit(code)
+    // No daemon will run again.
+    await until(() => w.relay.bridge.daemon.value === null, [])
+    assert.equal(w.daemons.length, 1)
+    assert.deepEqual(w.sleeps, [])
+    assert.deepEqual(w.logs(), code === 0 ? [] : ['lich-control: the daemon exited with 2: its configuration is wrong; not restarting it'])
+  }
+})
+
+test('a result for a daemon that has since ended is not posted to the next one', async () => {
+  let list
+  const w = world({ 'command.list': () => new Promise(answer => (list = answer)) })
+  w.hello()
+  w.call('c1', 'command.run', { command: 'word' })
+  await until(() => list !== undefined, [])
+  w.daemon().exit(1)
+  await until(() => w.sleeps.length === 1, [])
   w.sleeps[0].wake()
   await until(() => w.daemons.length === 2, [])
   w.hello('/run/lich-control/second.sock')
-  await until(() => w.posts.some(p => p.socketPath.endsWith('second.sock')), [])
-  assert.deepEqual(w.posts.filter(p => p.socketPath.endsWith('second.sock')).map(p => p.body), [{ event: 'turn.start', turnId: 'o1' }])
-  w.daemon().exit(1)
-  await until(() => w.sleeps.length === 2, [])
-  assert.equal(w.sleeps[1].ms, 2000)
-})
-
-test('a daemon that refuses its configuration (exit 2) is not restarted', async () => {
-  const w = world()
-  w.daemon().exit(2)
-  await until(() => w.client.named('app.log').length > 0, [])
-  await flush()
-  assert.equal(w.daemons.length, 1)
-  assert.deepEqual(w.sleeps, [])
-  assert.match(w.client.named('app.log')[0].options.body.message, /configuration is wrong; not restarting/)
+  list([{ name: 'word' }])
+  await until(() => w.logs().some(m => m.includes('c1 (command.run) has ended; its result is dropped')), [])
+  assert.deepEqual(w.posts, [])
 })
 
 test('a restarted daemon starts with no overrides', async () => {
@@ -337,6 +383,13 @@ test('a restarted daemon starts with no overrides', async () => {
   await until(() => w.sleeps.length === 1, [])
   const message = await w.prompted('ses_a')
   assert.deepEqual(message.model, { providerID: 'fake', modelID: 'm1' })
+})
+
+test('dispose before a daemon that could not start has said so signals nothing', async () => {
+  // As Node's spawn answers for a missing interpreter: no pid, the error told later.
+  const w = world({}, { spawnFails: true })
+  await w.hooks.dispose()
+  assert.deepEqual(w.daemon().killed, [])
 })
 
 test('dispose ends the daemon and restarts nothing', async () => {
@@ -401,7 +454,7 @@ test('a select opencode refuses is logged once and not sent again', async () => 
   w.hello()
   w.call('c1', 'prompt.submit', { text: 'run the tests' })
   assert.equal((await w.result('c1')).ok, true)
-  const told = () => w.client.named('app.log').map(c => c.options.body.message).filter(m => m.includes('TUI'))
+  const told = () => w.logs().filter(m => m.includes('TUI'))
   await until(() => told().length === 1, [])
   await flush()
   assert.deepEqual(told(), ["lich-control: opencode's TUI could not be told to show lich's session ses_new: no TUI"])

@@ -95,6 +95,9 @@ export class World {
   installed: string | undefined
   // Other files $.fs reads, by path, as text.
   files: Record<string, string> = {}
+  // What $.process.hookEnv answers (CLAUDE_PID: the engine, which spawns
+  // the children); undefined, it rejects.
+  hookEnv: Record<string, string> | undefined = { CLAUDE_PID: '77', CLAUDE_PLUGIN_DATA: DATA }
   // What $.session.info answers of the platform.
   platform: string = 'linux'
   // Unless held, each setup run answers at once that the environment is ready.
@@ -120,7 +123,7 @@ export class World {
       this.changed()
       return { value: undefined }
     })
-    on('process.hookEnv', () => ({ value: { CLAUDE_PID: '77', CLAUDE_PLUGIN_DATA: DATA } }))
+    on('process.hookEnv', () => (this.hookEnv ? { value: this.hookEnv } : { deny: 'the plugin data folder could not be made' }))
     on('env.set', ($, e) => {
       this.envSet[e.name] = e.value
       this.changed()

@@ -38,12 +38,15 @@ export async function setUp(launch, data, log) {
 // Runs the daemon once, to its end, each line it writes on stdout to
 // `onLine`; `started` gets the process, to stop it with. Never throws.
 export function runDaemon(launch, python, { onLine, log, started }) {
-  // stdin stays open and unused: the daemon stops when it closes.
+  // stdin stays open and unused: the daemon stops when it closes. It checks
+  // that its parent is the process named here, so an opencode gone before
+  // the daemon's interpreter started is noticed.
+  const env = { ...process.env, LICH_CONTROL_PARENT_PID: String(process.pid) }
   return runChild(launch, python, ['-m', 'lich_control.daemon', '--host', 'opencode'], ['pipe', 'pipe', 'pipe'], child => {
     started(child)
     eachLine(child.stdout, onLine)
     eachLine(child.stderr, line => log('info', line))
-  })
+  }, env)
 }
 
 // One request on the daemon's Unix socket (bridge.md); resolves with its answer.
@@ -60,13 +63,13 @@ export function postOverSocket(socketPath, path, body) {
 }
 
 // Starts a child in the project's folder, with opencode's environment (the
-// LICH_* variables included), and resolves how it ended: {code, signal},
-// or {error} when it could not run.
-function runChild(launch, command, args, stdio, attach) {
+// LICH_* variables included) unless given another, and resolves how it
+// ended: {code, signal}, or {error} when it could not run.
+function runChild(launch, command, args, stdio, attach, env = process.env) {
   return new Promise(done => {
     let child
     try {
-      child = launch(command, args, { cwd: ROOT, env: process.env, stdio })
+      child = launch(command, args, { cwd: ROOT, env, stdio })
     } catch (err) {
       done({ error: messageOf(err) })
       return
