@@ -19,6 +19,7 @@ speaks, a read's timeout ends a connection, or `close` shuts the socket.
 """
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -82,10 +83,8 @@ class UnixHttpServer:
         if it is a socket (an earlier daemon's, stale: the session lock is
         ours); anything else raises run_folder.NotOurs."""
         check_socket(self.path)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
         # bind creates the file 0777 less the umask: 0600 from the start, so
         # no chmod by path follows.
         old = os.umask(0o177)
@@ -99,15 +98,11 @@ class UnixHttpServer:
     def close(self) -> None:
         self._closing.set()
         self.connections.stop_waiting()
-        try:
+        with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
-        except OSError:
-            pass
         self._listener.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
     def __enter__(self) -> "UnixHttpServer":
         self.listen()
@@ -359,11 +354,10 @@ def _readable(sock: socket.socket) -> bool:
 
 
 def _hang_up(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:
-    # SHUT_RDWR wakes a thread blocked reading the socket.
-    try:
+    # SHUT_RDWR wakes a thread blocked reading the socket. An OSError:
+    # already hung up, or closed.
+    with contextlib.suppress(OSError):
         sock.shutdown(how)
-    except OSError:
-        pass  # already hung up, or closed
 
 
 class UnixConnection(http.client.HTTPConnection):
