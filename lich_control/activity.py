@@ -2,16 +2,16 @@
 
 Every thread reports here (the poller its polls, the worker and the ack
 senders their commands); one lock guards it all, held only to copy a few
-fields. Times are read from an injected monotonic clock, so tests can move
-them; the document gives ages, not clock readings.
+fields. The document gives ages, not clock readings (but the start's wall
+time, for people).
 
-Every string from outside is cleaned once, as it enters (logs.Redactor,
-built from the token): lich chooses ids, kinds and the texts of its
-refusals, and none of them may bring the token, a terminal's escape, an
-invisible or bidirectional character or a lone surrogate into the
-document, nor make it grow. What leaves is shown as it is, by
-lich-mod-status too. Sizes are bounded as well: `counts` names at most
-`MAX_KINDS` kinds, `in_flight` lists the oldest `SHOWN_IN_FLIGHT`.
+Every string from outside is cleaned once, as it enters, by logs.Redactor
+(built from the token): lich chooses ids and the texts of its refusals,
+and the relay the texts of its errors, and none of them may bring the
+token, a terminal's escape, an invisible or bidirectional character or a
+lone surrogate into the document, nor make it grow. What leaves is shown
+as it is, by lich-mod-status too. `in_flight` lists the oldest
+`SHOWN_IN_FLIGHT`: a burst of asks may keep a thousand in flight.
 """
 from __future__ import annotations
 
@@ -23,17 +23,12 @@ import time
 from typing import Callable, Dict, Optional
 
 from . import CONTRACT_RELEASE, __version__
-from .commands import KINDS
 from .bridge import Overrides, Turns
 from .logs import Redactor
 
 RECENT = 20
 ERRORS = 10
 SHOWN_IN_FLIGHT = 50  # the oldest; `in_flight_more` counts the rest
-# Kinds `counts` names, the contract's always among them; acks of further
-# kinds lich made up are counted together under OTHER_KINDS.
-MAX_KINDS = 16
-OTHER_KINDS = "(other)"
 ID_LIMIT = 200  # characters of an id or a kind shown
 TEXT_LIMIT = 400  # characters of an error or a reason shown
 
@@ -44,40 +39,33 @@ class Activity:
         session_id: str,
         engine: str,
         turns: Turns,
-        clock: Optional[Callable[[], float]] = None,
-        wall: Optional[Callable[[], float]] = None,
         files: Optional[Dict[str, str]] = None,
         host: Optional[str] = None,
         redactor: Optional[Redactor] = None,
         stderr_dropped: Callable[[], int] = lambda: 0,
     ):
         self._lock = threading.Lock()
-        self._clean = (redactor or Redactor("")).clean  # without a token: escaped and cut only
+        self._redactor = redactor or Redactor("")  # without a token: escaped and cut only
         self._stderr_dropped = stderr_dropped
-        # Looked up at each call, so freezegun's clock is the one read.
-        self._clock = clock or (lambda: time.monotonic())
-        self._wall = wall or (lambda: time.time())
         self._turns = turns
-        self._started = self._clock()
+        self._started = time.monotonic()
         self._ident = {
             "pid": os.getpid(),
             "version": __version__,
             "contract_release": CONTRACT_RELEASE,
-            "session_id": self._id(session_id),
+            "session_id": self._clean(session_id, ID_LIMIT),
             "engine": engine,
             "host": host,
-            "started_at": self._wall(),
-            **{name: self._text(path) for name, path in (files or {}).items()},
+            "started_at": time.time(),
+            **{name: self._clean(path) for name, path in (files or {}).items()},
         }
-        self._poll = {"state": "starting", "reason": None, "backoff": 0.0, "retry_at": None}
+        self._poll = _poll_state("starting")
         self._last_sent: Optional[float] = None
         self._last_answer: Optional[float] = None
         self._polls = self._poll_failures = 0
         self._overrides = {"model": None, "effort": None}
-        # Keyed by the id as lich gave it: two long ids cut alike stay two.
-        self._in_flight: Dict[str, dict] = {}
+        self._in_flight: Dict[str, dict] = {}  # by the id as lich gave it
         self._counts: Dict[str, Dict[str, int]] = {}
-        self._other_kinds_named = 0
         self._recent: "collections.deque[dict]" = collections.deque(maxlen=RECENT)
         self._errors: "collections.deque[dict]" = collections.deque(maxlen=ERRORS)
 
@@ -85,42 +73,42 @@ class Activity:
 
     def poll_sent(self) -> None:
         with self._lock:
-            self._last_sent = self._clock()
+            self._last_sent = time.monotonic()
             # A retry after failures is still backing off until lich answers.
             if self._poll["state"] == "starting":
-                self._poll = {"state": "polling", "reason": None, "backoff": 0.0, "retry_at": None}
+                self._poll = _poll_state("polling")
             else:
                 self._poll["retry_at"] = None
 
     def poll_answered(self, count: int) -> None:
         with self._lock:
             self._polls += 1
-            self._last_answer = self._clock()
-            self._poll = {"state": "polling", "reason": None, "backoff": 0.0, "retry_at": None}
+            self._last_answer = time.monotonic()
+            self._poll = _poll_state("polling")
 
     def poll_failed(self, reason: str, backoff: float) -> None:
-        reason = self._text(reason)
-        now = self._clock()
+        reason = self._clean(reason)
+        now = time.monotonic()
         with self._lock:
             self._polls += 1
             self._poll_failures += 1
-            self._poll = {"state": "backing off", "reason": reason, "backoff": backoff, "retry_at": now + backoff}
+            self._poll = _poll_state("backing off", reason, backoff, retry_at=now + backoff)
             self._note_error(now, f"poll failed: {reason}")
 
     def poll_stopped(self, reason: str) -> None:
-        reason = self._text(reason)
+        reason = self._clean(reason)
         with self._lock:
-            self._poll = {"state": "stopped", "reason": reason, "backoff": 0.0, "retry_at": None}
+            self._poll = _poll_state("stopped", reason)
 
     # -- commands --------------------------------------------------------
 
     def received(self, cid: str, kind: str) -> None:
-        entry = {"id": self._id(cid), "kind": self._id(kind), "since": self._clock(), "waiting_on": "worker"}
+        entry = {"id": self._clean(cid, ID_LIMIT), "kind": self._clean(kind, ID_LIMIT), "since": time.monotonic(), "waiting_on": "worker"}
         with self._lock:
             self._in_flight[cid] = entry
 
     def waiting(self, cid: str, on: str) -> None:
-        on = self._text(on)
+        on = self._clean(on)
         with self._lock:
             entry = self._in_flight.get(cid)
             if entry is not None:
@@ -128,12 +116,12 @@ class Activity:
 
     def acked(self, cid: str, kind: str, ok: bool, error: Optional[str], sent: Optional[str]) -> None:
         """An ack was sent (`sent` None) or dropped (`sent` says why)."""
-        shown, kind = self._id(cid), self._id(kind)
-        error, sent = self._text(error), self._text(sent)
-        now = self._clock()
+        shown, kind = self._clean(cid, ID_LIMIT), self._clean(kind, ID_LIMIT)
+        error, sent = self._clean(error), self._clean(sent)
+        now = time.monotonic()
         with self._lock:
             entry = self._in_flight.pop(cid, None)
-            counts = self._counts.setdefault(self._counted_as(kind), {"ok": 0, "failed": 0, "unsent": 0})
+            counts = self._counts.setdefault(kind, {"ok": 0, "failed": 0, "unsent": 0})
             counts["ok" if ok else "failed"] += 1
             if sent is not None:
                 counts["unsent"] += 1
@@ -151,26 +139,26 @@ class Activity:
             )
 
     def abandoned(self, cid: str, why: str) -> None:
-        what = f"{self._id(cid)} not applied: {self._text(why)}"
+        what = f"{self._clean(cid, ID_LIMIT)} not applied: {self._clean(why)}"
         with self._lock:
             self._in_flight.pop(cid, None)
-            self._note_error(self._clock(), what)
+            self._note_error(time.monotonic(), what)
 
     def error(self, what: str) -> None:
-        what = self._text(what)
+        what = self._clean(what)
         with self._lock:
-            self._note_error(self._clock(), what)
+            self._note_error(time.monotonic(), what)
 
     def set_overrides(self, overrides: Overrides) -> None:
-        shown = {"model": self._text(overrides.model), "effort": self._text(overrides.effort)}
+        shown = {"model": self._clean(overrides.model), "effort": self._clean(overrides.effort)}
         with self._lock:
             self._overrides = shown
 
     # -- the document ----------------------------------------------------
 
     def snapshot(self) -> dict:
-        now = self._clock()
-        turn = self._text(self._turns.current)  # the relay's turn id
+        now = time.monotonic()
+        turn = self._clean(self._turns.current)  # the relay's turn id
         with self._lock:
             poll = dict(self._poll)
             retry_at = poll.pop("retry_at")
@@ -196,20 +184,12 @@ class Activity:
     def _note_error(self, now: float, what: str) -> None:
         self._errors.append({"what": what, "at": now})
 
-    def _counted_as(self, kind: str) -> str:
-        """The key of `counts` this kind's acks go under. Under the lock."""
-        if kind in self._counts or kind in KINDS:
-            return kind
-        if self._other_kinds_named < MAX_KINDS - len(KINDS):
-            self._other_kinds_named += 1
-            return kind
-        return OTHER_KINDS
+    def _clean(self, text: Optional[str], limit: int = TEXT_LIMIT) -> Optional[str]:
+        return None if text is None else self._redactor.clean(text, limit)
 
-    def _id(self, text: str) -> str:
-        return self._clean(text, ID_LIMIT)
 
-    def _text(self, text: Optional[str]) -> Optional[str]:
-        return None if text is None else self._clean(text, TEXT_LIMIT)
+def _poll_state(state: str, reason: Optional[str] = None, backoff: float = 0.0, retry_at: Optional[float] = None) -> dict:
+    return {"state": state, "reason": reason, "backoff": backoff, "retry_at": retry_at}
 
 
 def _aged(entry: dict, now: float) -> dict:

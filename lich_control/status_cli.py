@@ -12,7 +12,7 @@ A document is printed as the daemon gave it: the daemon made every string
 in it safe as it entered (escaped, cut, the token taken out). One this
 command cannot read (a field missing, a null where text belongs) is
 reported on its daemon's row, never a crash that hides the others; `--json`
-is UTF-8 whatever the locale, a lone surrogate written as JSON's `\\udc80`.
+is ASCII JSON, whatever the locale.
 """
 from __future__ import annotations
 
@@ -111,8 +111,6 @@ def state(status: dict) -> str:
         return f"backing off {poll['backoff']:g} s"
     if poll["state"] == "stopped":
         return f"stopped: {poll['reason']}"
-    if poll["state"] == "starting":
-        return "starting"
     return poll["state"]
 
 
@@ -148,7 +146,7 @@ class Paint:
         return f"\033[{self.CODES[colour]}m{text}\033[0m" if self.enabled else text
 
     def state(self, text: str) -> str:
-        colour = "green" if text == "polling" else "yellow" if text.startswith(("backing", "polling")) else "red"
+        colour = "green" if text == "polling" else "yellow" if text.startswith("backing") else "red"
         return self(text, colour)
 
 
@@ -172,37 +170,32 @@ def table(rows: List[List[str]], paint: Paint, coloured_column: Optional[int] = 
 def overview(found: List[Found], paint: Paint) -> List[str]:
     rows = [["SESSION", "PID", "STATE", "LAST POLL", "TURN", "OVERRIDES", "IN FLIGHT", "DONE (ok/failed)", "UPTIME"]]
     for f in found:
-        s = f.status
         try:
-            if s is None:
-                raise Unreadable(f.stale)
-            cells = [
-                str(s["daemon"]["pid"]),
-                state(s),
-                age(s["poll"].get("last_poll_age_s")),
-                s["turn"] or "-",
-                overrides(s),
-                in_flight(s),
-                counts(s),
-                age(s["daemon"]["uptime_s"], ""),
-            ]
+            cells = summary(f.status) if f.status is not None else ["-", f.stale] + ["-"] * 6
         except READ_FAULTS as exc:
             cells = ["-", unreadable(exc)] + ["-"] * 6
         rows.append([f.session] + cells)
     return table(rows, paint, coloured_column=2)
 
 
-class Unreadable(Exception):
-    """A daemon's row with no status to show: why is its text."""
+def summary(s: dict) -> List[str]:
+    return [
+        str(s["daemon"]["pid"]),
+        state(s),
+        age(s["poll"].get("last_poll_age_s")),
+        s["turn"] or "-",
+        overrides(s),
+        in_flight(s),
+        counts(s),
+        age(s["daemon"]["uptime_s"], ""),
+    ]
 
 
 # What a document this command cannot read raises as it is formatted.
-READ_FAULTS = (Unreadable, KeyError, TypeError, ValueError, AttributeError, IndexError)
+READ_FAULTS = (LookupError, TypeError, ValueError, AttributeError)
 
 
 def unreadable(exc: Exception) -> str:
-    if isinstance(exc, Unreadable):
-        return str(exc)
     if isinstance(exc, KeyError):
         return f"its status has no {exc.args[0]!r}"
     return f"its status cannot be read ({type(exc).__name__})"
@@ -269,14 +262,13 @@ def main(argv=None) -> int:
         found = ask(path)
         if args.json:
             print_json(found.to_json())
-            return 0 if found.status is not None else _said(f"session {args.session}: {found.stale} ({path})")
-        try:
-            if found.status is None:
-                raise Unreadable(found.stale)
-            lines = detail(found, paint)
-        except READ_FAULTS as exc:
-            return _said(f"session {args.session}: {unreadable(exc)} ({path})")
-        print("\n".join(lines))
+        if found.status is None:
+            return _said(f"session {args.session}: {found.stale} ({path})")
+        if not args.json:
+            try:
+                print("\n".join(detail(found, paint)))
+            except READ_FAULTS as exc:
+                return _said(f"session {args.session}: {unreadable(exc)} ({path})")
         return 0
 
     everything = [ask(path) for path in sockets(folder)]
@@ -297,12 +289,9 @@ def _said(problem: str) -> int:
 
 
 def print_json(doc: dict) -> None:
-    """One line of JSON in UTF-8, whatever the locale: backslashreplace
-    writes a lone surrogate as the JSON escape that reads back as it."""
-    data = json.dumps(doc, ensure_ascii=False).encode("utf-8", "backslashreplace")
-    sys.stdout.flush()
-    sys.stdout.buffer.write(data + b"\n")
-    sys.stdout.buffer.flush()
+    """One line of JSON, ASCII: any locale prints it, and a lone surrogate
+    is the JSON escape that reads back as it."""
+    print(json.dumps(doc))
 
 
 if __name__ == "__main__":

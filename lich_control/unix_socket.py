@@ -7,19 +7,19 @@ client every tool and test uses to reach a daemon's socket.
 One thread accepts; each connection gets a thread that serves its requests
 while the relay keeps it alive. What that costs is bounded three ways:
   - places: at most `connections` are open. At the bound the one idle the
-    longest (between requests, nothing arriving) is closed for the
-    newcomer; with every place in a request the accepting thread waits for
-    one to end, and newcomers queue in the kernel's backlog, never refused;
+    longest gives way to the newcomer; with every place in a request the
+    accepting thread waits for one to end, and newcomers queue in the
+    kernel's backlog: a burst is queued, never refused;
   - time: each read waits at most `idle_seconds`, so a connection idle or
     stalled that long ends;
-  - memory: a body is read only once the bytes it declares fit in a budget
-    shared by every connection (`body_budget`), and given back once it is
-    taken; a body over `MAX_BODY` is refused unread.
+  - memory: at most `bodies_at_once` bodies are read and handed on at once,
+    across every connection; a body over `MAX_BODY` is refused unread.
 Nothing wakes on a timer: the accept and the reads block until the relay
 speaks, a read's timeout ends a connection, or `close` shuts the socket.
 """
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -27,7 +27,6 @@ import os
 import select
 import socket
 import threading
-import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -54,8 +53,9 @@ ROUTES = ("/v1/result", "/v1/event", "/v1/status")
 class SocketLimits:
     connections: int = 64
     idle_seconds: float = 60.0
-    # Two largest bodies at once: a burst of small results never waits on it.
-    body_budget: int = 2 * MAX_BODY
+    # Two of the largest bodies held at once, and a small one never waits
+    # longer than another body takes to be parsed.
+    bodies_at_once: int = 2
 
 
 class Routes:
@@ -73,7 +73,7 @@ class UnixHttpServer:
         self.routes = routes
         self.limits = limits
         self.connections = Connections(limits.connections)
-        self.budget = ByteBudget(limits.body_budget)
+        self.bodies = threading.BoundedSemaphore(limits.bodies_at_once)
         self._closing = threading.Event()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._thread = threading.Thread(target=self._accept, name="lich-socket", daemon=True)
@@ -83,10 +83,8 @@ class UnixHttpServer:
         if it is a socket (an earlier daemon's, stale: the session lock is
         ours); anything else raises run_folder.NotOurs."""
         check_socket(self.path)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
         # bind creates the file 0777 less the umask: 0600 from the start, so
         # no chmod by path follows.
         old = os.umask(0o177)
@@ -100,15 +98,11 @@ class UnixHttpServer:
     def close(self) -> None:
         self._closing.set()
         self.connections.stop_waiting()
-        try:
+        with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
-        except OSError:
-            pass
         self._listener.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
     def __enter__(self) -> "UnixHttpServer":
         self.listen()
@@ -147,70 +141,65 @@ class UnixHttpServer:
             _Handler(sock, "", self)
         except OSError:
             pass  # the relay hung up or stalled past the idle limit: its business
-        except Exception:
-            log.exception("serving a connection on the socket failed")
         finally:
             self.connections.close(sock)
 
 
 class Connections:
-    """The open connections, each with whether a request is under way.
+    """The open connections, each with one flag: is it in a request.
 
     Shared by the accepting thread (admit) and each connection's thread (its
-    own entry, and close); one condition guards the table, and a socket is
+    own flag, and close); one condition guards the table, and a socket is
     shut down or closed only under it, so the accepting thread never acts on
-    a descriptor another thread has closed and the system reused. An entry
-    holds when its connection went idle, or None while it is in a request.
+    a descriptor another thread has closed and the system reused. The table
+    keeps the order in which connections last went idle, so the first idle
+    one has been idle the longest.
     """
 
     def __init__(self, most: int):
         self._most = most
         self._cond = threading.Condition()
-        self._idle_since: Dict[socket.socket, Optional[float]] = {}
+        self._in_request: Dict[socket.socket, bool] = {}
         self._stopped = False
-
-    def __len__(self) -> int:
-        with self._cond:
-            return len(self._idle_since)
 
     def admit(self, sock: socket.socket) -> bool:
         """The accepting thread: True once `sock` has a place; False if the
         server closed meanwhile. At the bound the connection idle the longest
         gives way; with none idle, it waits until one is, or one closes."""
         with self._cond:
-            while len(self._idle_since) >= self._most and not self._stopped:
-                idle = [(since, s) for s, since in self._idle_since.items() if since is not None and not _readable(s)]
-                if idle:
-                    victim = min(idle, key=lambda pair: pair[0])[1]
-                    del self._idle_since[victim]  # its thread wakes, ends, and closes it
-                    _hang_up(victim)
-                else:
+            while len(self._in_request) >= self._most and not self._stopped:
+                idle = (s for s, busy in self._in_request.items() if not busy and not _readable(s))
+                victim = next(idle, None)
+                if victim is None:
                     self._cond.wait()
+                else:
+                    del self._in_request[victim]  # its thread wakes, ends, and closes it
+                    _hang_up(victim)
             if self._stopped:
                 return False
-            self._idle_since[sock] = time.monotonic()
+            self._in_request[sock] = False
             return True
 
     def idle(self, sock: socket.socket) -> None:
         """The connection's thread: waiting for its next request."""
         with self._cond:
-            if sock in self._idle_since:
-                self._idle_since[sock] = time.monotonic()
+            if self._in_request.pop(sock, None) is not None:
+                self._in_request[sock] = False  # now the last to have gone idle
                 self._cond.notify_all()
 
     def begin(self, sock: socket.socket) -> bool:
         """The connection's thread: a request has begun. False if the
         connection gave way first; its thread then ends it unanswered."""
         with self._cond:
-            if sock not in self._idle_since:
+            if sock not in self._in_request:
                 return False
-            self._idle_since[sock] = None
+            self._in_request[sock] = True
             return True
 
     def close(self, sock: socket.socket) -> None:
         """Any thread: close `sock` and free its place."""
         with self._cond:
-            self._idle_since.pop(sock, None)
+            self._in_request.pop(sock, None)
             _hang_up(sock, socket.SHUT_WR)  # as socketserver does: the answer is not cut
             sock.close()
             self._cond.notify_all()
@@ -218,26 +207,6 @@ class Connections:
     def stop_waiting(self) -> None:
         with self._cond:
             self._stopped = True
-            self._cond.notify_all()
-
-
-class ByteBudget:
-    """Bytes of request bodies held at once, across every connection: a
-    reader waits until its body fits. Each body is given back as soon as it
-    is taken, so the wait is never longer than another body's parsing."""
-
-    def __init__(self, total: int):
-        self._free = total
-        self._cond = threading.Condition()
-
-    def take(self, size: int) -> None:
-        with self._cond:
-            self._cond.wait_for(lambda: self._free >= size)
-            self._free -= size
-
-    def give(self, size: int) -> None:
-        with self._cond:
-            self._free += size
             self._cond.notify_all()
 
 
@@ -270,74 +239,63 @@ class _Handler(BaseHTTPRequestHandler):
             return
         super().handle_one_request()
 
-    def do_GET(self) -> None:
-        if self._route() == "/v1/status":
-            self._leave_body_unread()
-            body = json.dumps(self.server.routes.status(), ensure_ascii=False).encode("utf-8", "backslashreplace")
-            return self._reply(200, body, "application/json")
-        self._elsewhere()
+    def __getattr__(self, name: str):
+        # Every method is answered by `_respond`: 405 on our paths for one
+        # they do not take, 404 elsewhere (the contract), where the base
+        # class would answer 501.
+        if name.startswith("do_"):
+            return self._respond
+        raise AttributeError(name)
 
-    def do_POST(self) -> None:
+    def _respond(self) -> None:
+        """The connection's one catch-all: a bug answers 500, and the
+        connection lives on for the next request."""
+        route = self.path.split("?", 1)[0]
+        try:
+            status, body = self._answer(route)
+        except OSError:
+            raise  # the relay hung up, or stalled past the idle limit
+        except Exception:
+            log.exception("answering %s %s on the socket failed", self.command, route)
+            status, body = 500, b"the daemon failed to answer (see its log)\n"
+            self.close_connection = True  # a body may be left unread
+        self._reply(status, body)
+
+    def _answer(self, route: str) -> Tuple[int, bytes]:
         routes = self.server.routes
-        sink = {"/v1/result": routes.result, "/v1/event": routes.event}.get(self._route())
-        if sink is None:
-            return self._elsewhere()
+        sink = {"/v1/result": routes.result, "/v1/event": routes.event}.get(route)
+        if self.command == "GET" and route == "/v1/status":
+            self._leave_body_unread()
+            return 200, json.dumps(routes.status()).encode()  # ASCII: the document's text is already safe
+        if self.command != "POST" or sink is None:
+            self._leave_body_unread()
+            return (405, b"method not allowed\n") if route in ROUTES else (404, b"no such path\n")
         length = self._declared_length()
         if length is None:
             self.close_connection = True
-            return self._reply(411, b"a Content-Length is required\n")
+            return 411, b"a Content-Length is required\n"
         if length > MAX_BODY:
             self.close_connection = True  # the body is left unread
-            return self._reply(413, b"the body is too large\n")
-        budget = self.server.budget
-        budget.take(length)
-        try:
-            status, text = self._take(sink, length)
-        finally:
-            budget.give(length)
-        if status is not None:
-            self._reply(status, text)
-
-    def _take(self, sink, length: int) -> Tuple[Optional[int], bytes]:
-        """Read the body, parse it and hand it to `sink`: the answer to send,
-        or no status when the relay hung up mid-body."""
-        body = self.rfile.read(length)
-        if len(body) < length:
-            self.close_connection = True
-            return None, b""
-        try:
-            doc = loads(body)  # the poll's reader: the same bound on the values it builds
-        except TooMany as exc:
-            return 400, f"{exc}\n".encode()
-        except (ValueError, RecursionError):
-            # ValueError: not JSON, or not UTF-8; nesting deeper than the
-            # interpreter's stack is a RecursionError.
-            return 400, b"the body is not JSON\n"
-        del body
-        try:
-            sink(doc)
-        except self.server.routes.bad as exc:
-            return 400, f"{exc}\n".encode("utf-8", "backslashreplace")
-        except Exception:  # a bug: the relay still gets an answer, and the connection lives
-            log.exception("taking a message on %s failed", self._route())
-            return 500, b"the daemon failed to take it (see its log)\n"
+            return 413, b"the body is too large\n"
+        with self.server.bodies:
+            body = self.rfile.read(length)
+            if len(body) < length:
+                self.close_connection = True
+                return 400, b"the body ended before its Content-Length\n"
+            try:
+                doc = loads(body)  # the poll's reader: the same bound on the values it builds
+            except TooMany as exc:
+                return 400, f"{exc}\n".encode()
+            except (ValueError, RecursionError):
+                # ValueError: not JSON, or not UTF-8; nesting deeper than the
+                # interpreter's stack is a RecursionError.
+                return 400, b"the body is not JSON\n"
+            del body
+            try:
+                sink(doc)
+            except routes.bad as exc:
+                return 400, f"{exc}\n".encode("utf-8", "backslashreplace")
         return 204, b""
-
-    def __getattr__(self, name: str):
-        # Any other method: 405 on our paths, 404 elsewhere (the contract),
-        # where the base class would answer 501.
-        if name.startswith("do_"):
-            return self._elsewhere
-        raise AttributeError(name)
-
-    def _route(self) -> str:
-        return self.path.split("?", 1)[0]
-
-    def _elsewhere(self) -> None:
-        self._leave_body_unread()
-        if self._route() in ROUTES:
-            return self._reply(405, b"method not allowed\n")
-        self._reply(404, b"no such path\n")
 
     def _leave_body_unread(self) -> None:
         """Read past a refused request's body, so the connection stays usable
@@ -357,10 +315,10 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return int(length)
 
-    def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+    def _reply(self, status: int, body: bytes) -> None:
         self.send_response(status)
         if status != 204:
-            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Type", "application/json" if status == 200 else "text/plain; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
         if self.close_connection:
             self.send_header("Connection", "close")
@@ -396,11 +354,10 @@ def _readable(sock: socket.socket) -> bool:
 
 
 def _hang_up(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:
-    # SHUT_RDWR wakes a thread blocked reading the socket.
-    try:
+    # SHUT_RDWR wakes a thread blocked reading the socket. An OSError:
+    # already hung up, or closed.
+    with contextlib.suppress(OSError):
         sock.shutdown(how)
-    except OSError:
-        pass  # already hung up, or closed
 
 
 class UnixConnection(http.client.HTTPConnection):
