@@ -4,14 +4,14 @@ daemon's memory bound (`loads`), and each command of a poll answer checked
 
 `Command.from_json` never raises for an item: one lich gave an id becomes a
 `Command` (with `problem` set when it cannot be applied, which is then the
-ack's error), and one with no id becomes a `Discarded` the poller counts,
-since there is nothing to ack it under.
+ack's error), and one with no id is None, which the poller counts, since
+there is nothing to ack it under.
 """
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import attrs
 
@@ -100,9 +100,9 @@ class Command:
     problem: Optional[str] = None
 
     @classmethod
-    def from_json(cls, item: Any) -> Union["Command", "Discarded"]:
+    def from_json(cls, item: Any) -> Optional["Command"]:
         if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
-            return Discarded("an item that is not an object with an id")
+            return None
         cid, kind = item["id"], item.get("kind")
         if kind not in KINDS:
             echoed = kind if isinstance(kind, str) and kind else "unknown"
@@ -121,13 +121,6 @@ class Command:
         if fields.get("effort") not in EFFORTS + (None,):
             return cls(id=cid, kind=kind, problem=UNKNOWN_EFFORT)
         return cls(id=cid, kind=kind, **fields)
-
-
-@attrs.frozen
-class Discarded:
-    """An item lich sent that cannot be acked: logged, never applied."""
-
-    reason: str
 
 
 def notification_text(text: str, note: Notification) -> str:

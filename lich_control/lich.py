@@ -94,7 +94,8 @@ class LichClient:
         self._adapter = LoopbackAdapter(os.getuid() if uid is None else uid)
         # Prepared once: every poll is the same request, and every ack differs only in its body.
         self._poll = requests.Request("GET", f"{base}/mod/commands?token={token}&session_id={sid}", HEADERS).prepare()
-        self._ack = requests.Request("POST", f"{base}/mod/acks?token={token}", dict(HEADERS, **{"Content-Type": "application/json"})).prepare()
+        ack_headers = dict(HEADERS, **{"Content-Type": "application/json"})
+        self._ack = requests.Request("POST", f"{base}/mod/acks?token={token}", ack_headers).prepare()
 
     def poll(self) -> bytes:
         """One long poll: the body of lich's 200, which the poller reads."""

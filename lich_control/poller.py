@@ -13,7 +13,6 @@ restarts, so a memory of old ids would skip new commands.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Callable, List, Optional
 
 import attrs
 
-from .commands import Command, Discarded, TooMany, loads
+from .commands import Command, TooMany, loads
 from .lich import LichClient, LichGone, PollFailed
 from .activity import Activity
 
@@ -31,7 +30,6 @@ log = logging.getLogger("lich_control.poller")
 # its own: a script may queue thousands at once (the benchmark's burst is
 # 2,000). Ten thousand is past any such use, and each one costs an ack.
 MAX_ITEMS = 10_000
-OVER_ITEMS = f"an item past the first {MAX_ITEMS:,} of one answer (dropped unread)"
 
 
 @attrs.frozen
@@ -122,11 +120,7 @@ class Poller:
                 self._activity.poll_stopped(str(exc))
             return None
         except PollFailed as exc:
-            if self._stop.is_set():
-                return None
-            return self._failed(str(exc))
-        if self._stop.is_set():
-            return None  # the daemon is stopping: apply nothing new
+            return None if self._stop.is_set() else self._failed(str(exc))
         submitted = self._submit_all(items)
         if self._stop.is_set():
             return None
@@ -144,15 +138,17 @@ class Poller:
         return self.backoff.delay
 
     def _submit_all(self, items: List[object]) -> bool:
-        """Hand each command on, in lich's order; True if any went to the
-        worker. A stop ends it between two items. What is skipped is said in
-        one line, never one per item."""
+        """Hand each command on, in lich's order, until a stop: the daemon is
+        stopping, and what it hands on now nobody applies. True if any went
+        to the worker. What is skipped is said in one line, never one per item."""
         submitted = False
-        skipped: "collections.Counter[str]" = collections.Counter()
+        unusable = 0
         for item in items[:MAX_ITEMS]:
+            if self._stop.is_set():
+                return submitted
             command = Command.from_json(item)
-            if isinstance(command, Discarded):
-                skipped[command.reason] += 1
+            if command is None:
+                unusable += 1
                 continue
             self._activity.received(command.id, command.kind)
             if command.kind == "ask" and command.problem is None:
@@ -160,13 +156,11 @@ class Poller:
             else:
                 self._submit(command)  # a bad ask too: its refusal is acked in order
                 submitted = True
-            if self._stop.is_set():
-                return submitted
+        skipped = [f"{unusable:,} not an object with an id"] if unusable else []
         if len(items) > MAX_ITEMS:
-            skipped[OVER_ITEMS] = len(items) - MAX_ITEMS
+            skipped.append(f"{len(items) - MAX_ITEMS:,} past the first {MAX_ITEMS:,} (dropped unread)")
         if skipped:
-            what = "; ".join(reason if n == 1 else f"{reason} ×{n}" for reason, n in sorted(skipped.items()))
-            total = sum(skipped.values())
-            log.warning("skipped %d item%s of lich's answer: %s", total, "" if total == 1 else "s", what)
-            self._activity.error(f"skipped {what}")
+            what = "; ".join(skipped)
+            log.warning("skipped items of lich's answer: %s", what)
+            self._activity.error(f"skipped items of lich's answer: {what}")
         return submitted

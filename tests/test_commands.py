@@ -13,7 +13,6 @@ from lich_control.commands import (
     EFFORTS,
     MAX_VALUES,
     Command,
-    Discarded,
     Notification,
     TooMany,
     ask_prompt,
@@ -105,8 +104,8 @@ def test_every_fixture_command_parses_with_its_fields_where_its_kind_uses_them()
 
 
 @pytest.mark.parametrize("item", ["a string", ["m1"], None, {"kind": "abort"}, {"id": 7, "kind": "abort"}, {"id": "", "kind": "abort"}])
-def test_an_item_without_an_id_is_discarded(item):
-    assert Command.from_json(item) == Discarded("an item that is not an object with an id")
+def test_an_item_without_an_id_is_no_command(item):
+    assert Command.from_json(item) is None
 
 
 @pytest.mark.parametrize(
