@@ -351,7 +351,7 @@ def listener_uid(sock: socket.socket) -> Optional[int]:
     except OSError:
         return None
     # In either table: an IPv4 connection a dual-stack listener took is in tcp6.
-    wanted = {(_row_address(theirs[:2], v6), _row_address(ours[:2], v6)) for v6 in (False, True)}
+    wanted = {(_row_address(theirs, v6), _row_address(ours, v6)) for v6 in (False, True)}
     for table in TCP_TABLES:
         try:
             with open(table, encoding="ascii", errors="replace") as rows:
@@ -368,16 +368,10 @@ def listener_uid(sock: socket.socket) -> Optional[int]:
 
 
 def _row_address(address: Tuple[str, int], v6: bool) -> str:
-    """`address` as the kernel prints it: the address as 32-bit words in the
-    machine's byte order, each in hex, then the port in hex."""
+    """An IPv4 `address` (the client connects to 127.0.0.1) as the kernel
+    prints it in tcp, or in tcp6 as ::ffff:a.b.c.d: the address as 32-bit
+    words in the machine's byte order, each in hex, then the port in hex."""
     host, port = address
-    ip = ipaddress.ip_address(host)
-    if v6 and ip.version == 4:
-        ip = ipaddress.IPv6Address(f"::ffff:{ip}")
-    elif not v6 and ip.version == 6:
-        mapped = ip.ipv4_mapped
-        if mapped is None:
-            return ""
-        ip = mapped
-    words = struct.unpack(f"={len(ip.packed) // 4}I", ip.packed)
+    packed = ipaddress.IPv6Address(f"::ffff:{host}").packed if v6 else ipaddress.IPv4Address(host).packed
+    words = struct.unpack(f"={len(packed) // 4}I", packed)
     return "".join(f"{word:08X}" for word in words) + f":{port:04X}"
