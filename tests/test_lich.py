@@ -7,7 +7,6 @@ import http.client
 import json
 import os
 import socket
-import struct
 import threading
 import tracemalloc
 from urllib.parse import quote, quote_plus
@@ -94,41 +93,27 @@ def leaky(kind, url=POLL_URL):
 # -- what goes out ---------------------------------------------------------------------------
 
 
-def test_a_poll_is_a_get_with_the_token_and_session_url_encoded_and_its_body_comes_back(mocked, client):
+def test_a_poll_gets_its_url_and_an_ack_posts_its_json_both_naming_the_contract_release(mocked, client):
     mocked.get(POLL_URL, body=b'[{"id": "m1", "kind": "abort"}]\n')
-    assert client.poll() == b'[{"id": "m1", "kind": "abort"}]\n'
-    sent = mocked.calls[0].request
-    assert (sent.method, sent.url, sent.body) == ("GET", POLL_URL, None)
-
-
-def test_every_request_names_the_contract_release_and_each_ack_posts_its_own_json_body(mocked, client):
-    mocked.get(POLL_URL, json=[])
     mocked.post(ACK_URL, status=204)
-    client.poll()
-    client.ack(Ack(SESSION, "m1", "abort", ok=True))
+    assert client.poll() == b'[{"id": "m1", "kind": "abort"}]\n'
     client.ack(Ack(SESSION, "m2", "effort", ok=False, error="unknown effort"))
-    for call in mocked.calls:
-        assert call.request.headers["X-Lich-Plugin"] == CONTRACT_RELEASE != __version__
-        assert (call.request.headers["Accept"], call.request.headers["User-Agent"]) == ("application/json", f"lich-control/{__version__}")
-    first, second = (call.request for call in mocked.calls[1:])
-    assert (second.method, second.url, second.headers["Content-Type"]) == ("POST", ACK_URL, "application/json")
-    assert [json.loads(first.body)["id"], json.loads(second.body)] == ["m1", {"session_id": SESSION, "id": "m2", "kind": "effort", "ok": False, "error": "unknown effort"}]
-    assert second.headers["Content-Length"] == str(len(second.body))
+    poll, ack = (call.request for call in mocked.calls)
+    assert (poll.method, poll.url, poll.body) == ("GET", POLL_URL, None)
+    assert (ack.method, ack.url, ack.headers["Content-Type"], ack.headers["Content-Length"]) == ("POST", ACK_URL, "application/json", str(len(ack.body)))
+    assert json.loads(ack.body) == {"session_id": SESSION, "id": "m2", "kind": "effort", "ok": False, "error": "unknown effort"}
+    for sent in (poll, ack):
+        assert sent.headers["X-Lich-Plugin"] == CONTRACT_RELEASE != __version__
+        assert (sent.headers["Accept"], sent.headers["User-Agent"]) == ("application/json", f"lich-control/{__version__}")
 
 
 # -- what comes back ---------------------------------------------------------------------------
 
 
-def test_a_404_means_lich_predates_the_contract(mocked, client):
-    mocked.get(POLL_URL, status=404, body="no such path")
-    with pytest.raises(LichGone, match="^lich answered 404$"):
-        client.poll()
-
-
-@pytest.mark.parametrize("status", [204, 302, 400, 401, 500, 503])
-def test_any_other_status_is_a_failed_poll_named_by_its_status_sent_once(mocked, client, status):
+@pytest.mark.parametrize("status", [204, 302, 400, 401, 404, 500, 503])
+def test_a_poll_not_answered_200_is_named_by_its_status_and_sent_once(mocked, client, status):
     mocked.get(POLL_URL, status=status, body="" if status == 204 else "why", headers={"Location": "/elsewhere"} if status == 302 else {})
-    with pytest.raises(PollFailed, match=f"^lich answered {status}$"):
+    with pytest.raises(LichGone if status == 404 else PollFailed, match=f"^lich answered {status}$"):  # 404: lich predates the contract
         client.poll()
     assert len(mocked.calls) == 1  # a redirect is not followed, nothing is resent
 
@@ -157,13 +142,11 @@ def test_a_failure_on_the_way_is_a_phrase_raised_from_the_original_without_the_t
     assert not acked.value.refused and len(mocked.calls) == 2  # never retried
 
 
-def test_a_body_past_its_limit_is_a_failed_exchange_declared_or_not(mocked, client):
-    mocked.get(POLL_URL, body=b"[]", headers={"Content-Length": str(MAX_POLL_BODY + 1)})  # refused unread
-    mocked.get(POLL_URL, body=b"[" + b" " * MAX_POLL_BODY + b"]")  # no Content-Length: refused once read past it
+def test_a_body_past_its_limit_is_a_failed_exchange(mocked, client):
+    mocked.get(POLL_URL, body=b"[]", headers={"Content-Length": str(MAX_POLL_BODY + 1)})  # refused unread; streamed: below
     mocked.post(ACK_URL, status=400, body=b"x" * (MAX_ACK_ANSWER + 1))
-    for _ in range(2):
-        with pytest.raises(PollFailed, match="^lich's answer is over 16 MiB$"):
-            client.poll()
+    with pytest.raises(PollFailed, match="^lich's answer is over 16 MiB$"):
+        client.poll()
     with pytest.raises(AckFailed, match="^lich's answer is over 64 KiB$"):
         client.ack(ACK)
 
@@ -283,7 +266,6 @@ def test_an_answer_in_two_byte_chunks_costs_its_size_not_an_object_per_chunk(raw
 NOT_HTTP = {
     "garbage": b"garbage\r\n\r\n",
     "bad-status-code": b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\n[]",
-    "no-status-line": b"[]",
     "too-many-headers": b"HTTP/1.1 200 OK\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(120)) + b"\r\n[]",
     "header-too-long": b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n[]",
     "two-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]",
@@ -291,7 +273,7 @@ NOT_HTTP = {
     "bad-gzip": b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nabcd",
     **{
         f"chunk-size-{size.decode() or 'empty'}": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\n[]\r\n0\r\n\r\n"
-        for size in (b"-1", b"-ffffffffffffffffffff", b"zz", b"", b"ffffffffffffffffffff", b"1_0")
+        for size in (b"-ffffffffffffffffffff", b"zz", b"", b"ffffffffffffffffffff")
     },
 }
 
@@ -373,36 +355,3 @@ def test_a_row_in_time_wait_names_no_owner(tmp_path, monkeypatch):
         assert listener_uid(conn) is None  # the kernel's uid 0 of a TIME_WAIT row is no owner
         table.write_text(head + waiting + live)
         assert listener_uid(conn) == 1234
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="only root can start a listener of another user")
-def test_a_listener_of_uid_65534_never_receives_the_token():
-    ready_r, ready_w = os.pipe()
-    got_r, got_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: another user, listening on loopback
-        try:
-            os.close(ready_r), os.close(got_r)
-            os.setgroups([]), os.setgid(65534), os.setuid(65534)
-            listener = socket.create_server(("127.0.0.1", 0))
-            os.write(ready_w, struct.pack("H", listener.getsockname()[1]))
-            conn, _ = listener.accept()
-            conn.settimeout(10)
-            received = b""
-            while chunk := conn.recv(65536):
-                received += chunk
-            os.write(got_w, received[:65536] or b"-")
-        finally:
-            os._exit(0)
-    os.close(ready_w), os.close(got_w)
-    try:
-        [port] = struct.unpack("H", os.read(ready_r, 2))
-        client = client_for(port)
-        with pytest.raises(PollFailed, match=foreign(port, 65534)):
-            client.poll()
-        client.close()
-        assert os.read(got_r, 65536) == b"-"  # the connection closed with nothing sent on it
-    finally:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        os.close(ready_r), os.close(got_r)
