@@ -24,7 +24,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 from urllib.parse import quote
 
 import attrs
@@ -169,7 +169,11 @@ def _phrase(exc: BaseException, port: int, seconds: float) -> str:
         return str(exc)
     if isinstance(exc, requests.ConnectTimeout):
         return f"could not connect to lich on port {port} in time"
-    causes = list(_causes(exc))
+    causes: List[BaseException] = []  # the exception and those it was raised from or while handling
+    link: Optional[BaseException] = exc
+    while link is not None and link not in causes:
+        causes.append(link)
+        link = link.__cause__ or link.__context__
 
     def caused_by(*kinds: type) -> bool:
         return any(isinstance(cause, kinds) for cause in causes)
@@ -190,15 +194,6 @@ def _phrase(exc: BaseException, port: int, seconds: float) -> str:
     if caused_by(requests.exceptions.ContentDecodingError):
         return "lich's answer could not be decoded"
     return f"the exchange with lich failed ({type(causes[-1]).__name__})"
-
-
-def _causes(exc: Optional[BaseException]) -> Iterator[BaseException]:
-    """The exception and the chain of those it was raised from or while handling."""
-    seen: List[BaseException] = []
-    while exc is not None and all(exc is not s for s in seen):
-        seen.append(exc)
-        yield exc
-        exc = exc.__cause__ or exc.__context__
 
 
 def _read_capped(response: requests.Response, limit: int) -> Optional[bytes]:
