@@ -4,24 +4,30 @@ daemon's memory bound (`loads`), and each command of a poll answer checked
 
 `Command.from_json` never raises for an item: one lich gave an id becomes a
 `Command` (with `problem` set when it cannot be applied, which is then the
-ack's error), and one with no usable id becomes a `Discarded` the poller
-counts, since there is nothing to ack it under.
+ack's error), and one with no id is None, which the poller counts, since
+there is nothing to ack it under.
 """
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import attrs
 
-KINDS = ("prompt", "abort", "model", "effort", "command", "ask")
+# The string fields each kind reads (a prompt may carry a notification
+# object too), and the one it cannot do without.
+FIELDS = {
+    "prompt": ("text",),
+    "abort": (),
+    "model": ("model",),
+    "effort": ("effort",),
+    "command": ("name", "args"),
+    "ask": ("question",),
+}
+KINDS = tuple(FIELDS)
+REQUIRED = {"prompt": "text", "command": "name", "ask": "question"}
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
-
-# No lich mints ids anywhere near this (its own are `m` and a counter); a
-# longer one is acked failed, never applied.
-MAX_ID_CHARS = 1024
-LONG_ID = f"the id is over {MAX_ID_CHARS:,} characters; such a command is not applied"
 
 UNKNOWN_KIND = "unknown kind"
 UNKNOWN_EFFORT = "unknown effort"
@@ -94,33 +100,27 @@ class Command:
     problem: Optional[str] = None
 
     @classmethod
-    def from_json(cls, item: Any) -> Union["Command", "Discarded"]:
-        if not isinstance(item, dict):
-            return Discarded(f"an item that is not a JSON object ({_json_type(item)})")
-        cid = item.get("id")
-        if not isinstance(cid, str) or not cid:
-            why = "no id" if cid is None else f"an id that is not a non-empty string ({_json_type(cid)})"
-            return Discarded(f"an item with {why}")
-        kind = item.get("kind")
-        if len(cid) > MAX_ID_CHARS:
-            # lich gave it an id, so it gets its ack (unless even that is
-            # over lich's 64 KiB, which the ack path drops and logs).
-            return cls(id=cid, kind=kind if isinstance(kind, str) and kind else "unknown", problem=LONG_ID)
-        if not isinstance(kind, str) or not kind:
-            what = "has no kind" if kind is None else f"has a kind that is not a string ({_json_type(kind)})"
-            return cls(id=cid, kind="unknown", problem=f"command {what}")
+    def from_json(cls, item: Any) -> Optional["Command"]:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
+            return None
+        cid, kind = item["id"], item.get("kind")
         if kind not in KINDS:
-            return cls(id=cid, kind=kind, problem=UNKNOWN_KIND)
-        return _PARSERS[kind](cid, item)
-
-
-@attrs.frozen
-class Discarded:
-    """An item lich sent that cannot be acked: logged, never applied."""
-
-    reason: str
-
-
+            echoed = kind if isinstance(kind, str) and kind else "unknown"
+            return cls(id=cid, kind=echoed, problem=UNKNOWN_KIND if echoed == kind else "the command has no kind")
+        try:
+            fields = {name: _string(item, name) for name in FIELDS[kind]}
+            if kind in REQUIRED and fields[REQUIRED[kind]] is None:
+                raise _Bad(f"the {kind} has no {REQUIRED[kind]}")
+            note = item.get("notification") if kind == "prompt" else None
+            if note is not None:
+                if not isinstance(note, dict) or _string(note, "status") is None or _string(note, "summary") is None:
+                    raise _Bad("notification must be an object with a status and a summary")
+                fields["notification"] = Notification(note["status"], note["summary"])
+        except _Bad as bad:
+            return cls(id=cid, kind=kind, problem=str(bad))
+        if fields.get("effort") not in EFFORTS + (None,):
+            return cls(id=cid, kind=kind, problem=UNKNOWN_EFFORT)
+        return cls(id=cid, kind=kind, **fields)
 
 
 def notification_text(text: str, note: Notification) -> str:
@@ -153,93 +153,21 @@ def ask_prompt(question: str) -> str:
     return ASK_PREAMBLE + question
 
 
-# -- one parser per kind --------------------------------------------------
+_JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", list: "an array", dict: "an object"}
 
 
-def _prompt(cid: str, item: dict) -> Command:
-    text = item.get("text")
-    if not isinstance(text, str):
-        return _bad(cid, "prompt", "text", text, "a string")
-    raw = item.get("notification")
-    if raw is None:
-        return Command(id=cid, kind="prompt", text=text)
-    if (
-        not isinstance(raw, dict)
-        or not isinstance(raw.get("status"), str)
-        or not isinstance(raw.get("summary"), str)
-    ):
-        return Command(
-            id=cid,
-            kind="prompt",
-            problem="notification must be an object with string status and summary",
-        )
-    note = Notification(status=raw["status"], summary=raw["summary"])
-    return Command(id=cid, kind="prompt", text=text, notification=note)
+class _Bad(ValueError):
+    """A field of a command that cannot be applied; the text is the ack's error."""
 
 
-def _abort(cid: str, item: dict) -> Command:
-    return Command(id=cid, kind="abort")
-
-
-def _model(cid: str, item: dict) -> Command:
-    model = item.get("model")
-    if model is not None and (not isinstance(model, str) or not model):
-        return _bad(cid, "model", "model", model, "a non-empty string, or absent to drop the override")
-    return Command(id=cid, kind="model", model=model)
-
-
-def _effort(cid: str, item: dict) -> Command:
-    effort = item.get("effort")
-    if effort is not None and effort not in EFFORTS:
-        return Command(id=cid, kind="effort", problem=UNKNOWN_EFFORT)
-    return Command(id=cid, kind="effort", effort=effort)
-
-
-def _command(cid: str, item: dict) -> Command:
-    name, args = item.get("name"), item.get("args")
-    if not isinstance(name, str) or not name:
-        return _bad(cid, "command", "name", name, "a non-empty string")
-    if args is not None and not isinstance(args, str):
-        return _bad(cid, "command", "args", args, "a string")
-    return Command(id=cid, kind="command", name=name, args=args)
-
-
-def _ask(cid: str, item: dict) -> Command:
-    question = item.get("question")
-    if not isinstance(question, str) or not question.strip():
-        return _bad(cid, "ask", "question", question, "a non-empty string")
-    return Command(id=cid, kind="ask", question=question)
-
-
-_PARSERS = {
-    "prompt": _prompt,
-    "abort": _abort,
-    "model": _model,
-    "effort": _effort,
-    "command": _command,
-    "ask": _ask,
-}
-
-
-def _bad(cid: str, kind: str, field: str, value: Any, wanted: str) -> Command:
-    got = "missing" if value is None else f"got {_json_type(value)}"
-    return Command(id=cid, kind=kind, problem=f"{field} must be {wanted} ({got})")
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "an empty string" if not value else "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
+def _string(item: dict, name: str) -> Optional[str]:
+    """A field lich sends as a string, None when absent: Go's encoder omits an empty one."""
+    value = item.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise _Bad(f"{name} must be a string, not {_JSON_TYPES.get(type(value), type(value).__name__)}")
+    return value
 
 
 def _xml_escape(value: str) -> str:

@@ -1,16 +1,12 @@
 """LichClient: the two HTTP exchanges with lich, a poll and an ack, on `requests`.
 
-Each client owns one `requests.Session` and is used by one thread (the
-poller, the worker, the acker, each ask); `abandon` is the one call another
-thread may make. The session keeps one connection to loopback alive, reads
-no proxy or `.netrc` from the environment, never retries, never follows a
-redirect, and streams each answer so no more than its limit is read.
-
-Three duties are added to urllib3's connection (LoopbackAdapter):
-- the owner check: a new connection carries the token only once the program
-  that accepted it is known to be of our own user, or cannot be known;
-- the deadline: every exchange ends by its deadline however lich answers;
-- `abandon`: another thread can cut a request parked in a blocking read.
+Each client is used by one thread (the poller, the worker, the acker, each
+ask); `abandon` is the one call another thread may make. Requests go
+straight to the adapter (`LoopbackAdapter`), which keeps one connection to
+loopback alive: no Session, so nothing reads a proxy or `.netrc` from the
+environment, nothing is retried, no redirect is followed (to follow one,
+requests would first read its whole body, past any limit), and each answer
+is streamed so no more than its limit is read.
 
 A failed exchange leaves as PollFailed or AckFailed, worded from the classes
 of the exceptions `requests` and urllib3 raise (their texts hold the URL, and
@@ -28,14 +24,13 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 from urllib.parse import quote
 
 import attrs
 import requests
 import urllib3
 from requests.adapters import HTTPAdapter
-from requests.structures import CaseInsensitiveDict
 from urllib3.connection import HTTPConnection
 from urllib3.connectionpool import HTTPConnectionPool
 
@@ -97,15 +92,10 @@ class LichClient:
         token, sid = quote(config.token, safe=""), quote(config.session_id, safe="")
         base = config.lich_url
         self._adapter = LoopbackAdapter(os.getuid() if uid is None else uid)
-        self._session = _NoRedirects()
-        self._session.trust_env = False
-        self._session.headers = CaseInsensitiveDict(HEADERS)
-        self._session.mount("http://", self._adapter)
         # Prepared once: every poll is the same request, and every ack differs only in its body.
-        self._poll = self._session.prepare_request(requests.Request("GET", f"{base}/mod/commands?token={token}&session_id={sid}"))
-        self._ack = self._session.prepare_request(
-            requests.Request("POST", f"{base}/mod/acks?token={token}", headers={"Content-Type": "application/json"})
-        )
+        self._poll = requests.Request("GET", f"{base}/mod/commands?token={token}&session_id={sid}", HEADERS).prepare()
+        ack_headers = dict(HEADERS, **{"Content-Type": "application/json"})
+        self._ack = requests.Request("POST", f"{base}/mod/acks?token={token}", ack_headers).prepare()
 
     def poll(self) -> bytes:
         """One long poll: the body of lich's 200, which the poller reads."""
@@ -131,18 +121,16 @@ class LichClient:
         self._adapter.abandon()
 
     def close(self) -> None:
-        self._session.close()
+        self._adapter.close()
 
     def _exchange(self, request: requests.PreparedRequest, seconds: float, limit: int, failed: type) -> Tuple[int, str, bytes]:
-        """(status, reason, body) of one request, or `failed` with a phrase. Sent once: one that failed
-        may have reached lich, and a poll or an ack must not be taken twice.
-        A kept connection lich closed meanwhile is noticed by urllib3 before
-        the request goes out, and replaced. The whole exchange ends within
-        `seconds` (see _DeadlineSocket)."""
+        """(status, reason, body) of one request, or `failed` with a phrase, within
+        `seconds` (_DeadlineSocket). Sent once: one that failed may have reached
+        lich, and a poll or an ack must not be taken twice."""
         self._adapter.deadline = time.monotonic() + seconds
         try:
             timeout = (min(CONNECT_TIMEOUT, seconds), seconds)
-            response = self._session.send(request, stream=True, timeout=timeout, allow_redirects=False, proxies={})
+            response = self._adapter.send(request, stream=True, timeout=timeout)
             try:
                 body = _read_capped(response, limit)
             finally:
@@ -181,7 +169,11 @@ def _phrase(exc: BaseException, port: int, seconds: float) -> str:
         return str(exc)
     if isinstance(exc, requests.ConnectTimeout):
         return f"could not connect to lich on port {port} in time"
-    causes = list(_causes(exc))
+    causes: List[BaseException] = []  # the exception and those it was raised from or while handling
+    link: Optional[BaseException] = exc
+    while link is not None and link not in causes:
+        causes.append(link)
+        link = link.__cause__ or link.__context__
 
     def caused_by(*kinds: type) -> bool:
         return any(isinstance(cause, kinds) for cause in causes)
@@ -202,23 +194,6 @@ def _phrase(exc: BaseException, port: int, seconds: float) -> str:
     if caused_by(requests.exceptions.ContentDecodingError):
         return "lich's answer could not be decoded"
     return f"the exchange with lich failed ({type(causes[-1]).__name__})"
-
-
-def _causes(exc: Optional[BaseException]) -> Iterator[BaseException]:
-    """The exception and the chain of those it was raised from or while handling."""
-    seen: List[BaseException] = []
-    while exc is not None and all(exc is not s for s in seen):
-        seen.append(exc)
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
-class _NoRedirects(requests.Session):
-    """A Session that never follows a redirect: lich sends none, and to
-    follow one `requests` would first read its whole body, past any limit."""
-
-    def get_redirect_target(self, resp: requests.Response) -> Optional[str]:
-        return None
 
 
 def _read_capped(response: requests.Response, limit: int) -> Optional[bytes]:
@@ -243,13 +218,12 @@ def _read_capped(response: requests.Response, limit: int) -> Optional[bytes]:
 
 class LoopbackAdapter(HTTPAdapter):
     """One kept-alive connection, no retries (the default, kept), whose
-    connections check the listener's owner, keep each exchange to
-    `deadline`, and can be cut by `abandon`.
+    connections check the listener's owner before the token goes out, keep
+    each exchange to `deadline`, and can be cut by `abandon`.
 
-    `deadline` is the instant (time.monotonic) by which the exchange in
-    flight must be over, None between exchanges: set and read by the one
-    thread using the client. The socket list is shared with `abandon`'s
-    thread, under the lock."""
+    `deadline` (time.monotonic) is set and read by the one thread using the
+    client, None between exchanges; the socket list is shared with
+    `abandon`'s thread, under the lock."""
 
     def __init__(self, uid: int):
         self.uid = uid
@@ -357,7 +331,7 @@ class _DeadlineSocket(socket.socket):
         super().settimeout(left if self._timeout is None or left < self._timeout else self._timeout)
 
 
-def listener_uid(sock: socket.socket, tables: Optional[Tuple[str, ...]] = None) -> Optional[int]:
+def listener_uid(sock: socket.socket) -> Optional[int]:
     """The uid owning the far end of `sock`, a connected loopback TCP socket,
     or None where it cannot be told (not Linux, /proc unreadable, no row):
     the token then goes as it did before the check.
@@ -372,8 +346,8 @@ def listener_uid(sock: socket.socket, tables: Optional[Tuple[str, ...]] = None) 
     except OSError:
         return None
     # In either table: an IPv4 connection a dual-stack listener took is in tcp6.
-    wanted = {(_row_address(theirs[:2], v6), _row_address(ours[:2], v6)) for v6 in (False, True)}
-    for table in tables or TCP_TABLES:
+    wanted = {(_row_address(theirs, v6), _row_address(ours, v6)) for v6 in (False, True)}
+    for table in TCP_TABLES:
         try:
             with open(table, encoding="ascii", errors="replace") as rows:
                 next(rows, None)  # the column names
@@ -389,16 +363,10 @@ def listener_uid(sock: socket.socket, tables: Optional[Tuple[str, ...]] = None) 
 
 
 def _row_address(address: Tuple[str, int], v6: bool) -> str:
-    """`address` as the kernel prints it: the address as 32-bit words in the
-    machine's byte order, each in hex, then the port in hex."""
+    """An IPv4 `address` (the client connects to 127.0.0.1) as the kernel
+    prints it in tcp, or in tcp6 as ::ffff:a.b.c.d: the address as 32-bit
+    words in the machine's byte order, each in hex, then the port in hex."""
     host, port = address
-    ip = ipaddress.ip_address(host)
-    if v6 and ip.version == 4:
-        ip = ipaddress.IPv6Address(f"::ffff:{ip}")
-    elif not v6 and ip.version == 6:
-        mapped = ip.ipv4_mapped
-        if mapped is None:
-            return ""
-        ip = mapped
-    words = struct.unpack(f"={len(ip.packed) // 4}I", ip.packed)
+    packed = ipaddress.IPv6Address(f"::ffff:{host}").packed if v6 else ipaddress.IPv4Address(host).packed
+    words = struct.unpack(f"={len(packed) // 4}I", packed)
     return "".join(f"{word:08X}" for word in words) + f":{port:04X}"

@@ -13,15 +13,14 @@ restarts, so a memory of old ids would skip new commands.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
-from typing import Callable, List, Optional, Set
+from typing import Callable, List, Optional
 
 import attrs
 
-from .commands import Command, Discarded, TooMany, loads
+from .commands import Command, TooMany, loads
 from .lich import LichClient, LichGone, PollFailed
 from .activity import Activity
 
@@ -31,9 +30,6 @@ log = logging.getLogger("lich_control.poller")
 # its own: a script may queue thousands at once (the benchmark's burst is
 # 2,000). Ten thousand is past any such use, and each one costs an ack.
 MAX_ITEMS = 10_000
-REPEATED = "an id repeated in one answer (its first is applied)"
-OVER_ITEMS = f"an item past the first {MAX_ITEMS:,} of one answer (dropped unread)"
-SHOWN_IDS = 3  # repeated ids named in the summary line
 
 
 @attrs.frozen
@@ -97,8 +93,8 @@ class Poller:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
+        delay: Optional[float] = 0.0
         try:
-            delay: Optional[float] = 0.0
             # Waiting out a backoff is a wait on the stop flag: a stop ends it at once.
             while delay is not None and not self._stop.wait(delay):
                 try:
@@ -106,11 +102,11 @@ class Poller:
                 except Exception:  # a bug: it costs this poll, never the polling
                     log.exception("handling a poll failed")
                     delay = self._failed("the daemon failed to handle lich's answer (see its log)")
-        except Exception:  # even counting a failed poll failed: the relay restarts the daemon
-            log.exception("the poller failed")
-            self._on_crash("the poller failed")
         finally:
             self._client.close()
+            if delay is not None and not self._stop.is_set():
+                # Only a bug in counting a failed poll ends the loop unasked: the relay restarts the daemon.
+                self._on_crash("the poller failed")
 
     def poll_once(self) -> Optional[float]:
         """One poll and the handing on of its commands: the seconds to wait
@@ -124,11 +120,7 @@ class Poller:
                 self._activity.poll_stopped(str(exc))
             return None
         except PollFailed as exc:
-            if self._stop.is_set():
-                return None
-            return self._failed(str(exc))
-        if self._stop.is_set():
-            return None  # the daemon is stopping: apply nothing new
+            return None if self._stop.is_set() else self._failed(str(exc))
         submitted = self._submit_all(items)
         if self._stop.is_set():
             return None
@@ -136,10 +128,7 @@ class Poller:
         log.debug("lich answered a poll with %d items", len(items))
         self._activity.poll_answered(min(len(items), MAX_ITEMS))
         if submitted:
-            # Hand the interpreter to the worker now: building the next poll
-            # holds it for ~0.2 ms, which then falls in the relay's round
-            # trip, when the worker waits anyway.
-            time.sleep(0)
+            time.sleep(0)  # yield to the worker before building the next poll (docs/performance.md)
         return 0.0
 
     def _failed(self, reason: str) -> float:
@@ -149,37 +138,29 @@ class Poller:
         return self.backoff.delay
 
     def _submit_all(self, items: List[object]) -> bool:
-        """Hand each command on, in lich's order; True if any went to the
-        worker. A stop ends it between two items. What is skipped is said in
-        one line, never one per item."""
+        """Hand each command on, in lich's order, until a stop: the daemon is
+        stopping, and what it hands on now nobody applies. True if any went
+        to the worker. What is skipped is said in one line, never one per item."""
         submitted = False
-        seen: Set[str] = set()
-        skipped: "collections.Counter[str]" = collections.Counter()
-        repeated: List[str] = []
+        unusable = 0
         for item in items[:MAX_ITEMS]:
-            command = Command.from_json(item)
-            if isinstance(command, Discarded):
-                skipped[command.reason] += 1
-            elif command.id in seen:
-                skipped[REPEATED] += 1
-                repeated.append(command.id)
-            else:
-                seen.add(command.id)
-                self._activity.received(command.id, command.kind)
-                if command.kind == "ask" and command.problem is None:
-                    self._submit_ask(command)
-                else:
-                    self._submit(command)  # a bad ask too: its refusal is acked in order
-                    submitted = True
             if self._stop.is_set():
                 return submitted
+            command = Command.from_json(item)
+            if command is None:
+                unusable += 1
+                continue
+            self._activity.received(command.id, command.kind)
+            if command.kind == "ask" and command.problem is None:
+                self._submit_ask(command)
+            else:
+                self._submit(command)  # a bad ask too: its refusal is acked in order
+                submitted = True
+        skipped = [f"{unusable:,} not an object with an id"] if unusable else []
         if len(items) > MAX_ITEMS:
-            skipped[OVER_ITEMS] = len(items) - MAX_ITEMS
+            skipped.append(f"{len(items) - MAX_ITEMS:,} past the first {MAX_ITEMS:,} (dropped unread)")
         if skipped:
-            what = "; ".join(reason if n == 1 else f"{reason} ×{n}" for reason, n in sorted(skipped.items()))
-            if repeated:
-                what += " [" + ", ".join(map(repr, repeated[:SHOWN_IDS])) + (", …]" if len(repeated) > SHOWN_IDS else "]")
-            total = sum(skipped.values())
-            log.warning("skipped %d item%s of lich's answer: %s", total, "" if total == 1 else "s", what)
-            self._activity.error(f"skipped {what}")
+            what = "; ".join(skipped)
+            log.warning("skipped items of lich's answer: %s", what)
+            self._activity.error(f"skipped items of lich's answer: {what}")
         return submitted

@@ -7,7 +7,6 @@ import http.client
 import json
 import os
 import socket
-import struct
 import threading
 import tracemalloc
 from urllib.parse import quote, quote_plus
@@ -94,41 +93,27 @@ def leaky(kind, url=POLL_URL):
 # -- what goes out ---------------------------------------------------------------------------
 
 
-def test_a_poll_is_a_get_with_the_token_and_session_url_encoded_and_its_body_comes_back(mocked, client):
+def test_a_poll_gets_its_url_and_an_ack_posts_its_json_both_naming_the_contract_release(mocked, client):
     mocked.get(POLL_URL, body=b'[{"id": "m1", "kind": "abort"}]\n')
-    assert client.poll() == b'[{"id": "m1", "kind": "abort"}]\n'
-    sent = mocked.calls[0].request
-    assert (sent.method, sent.url, sent.body) == ("GET", POLL_URL, None)
-
-
-def test_every_request_names_the_contract_release_and_each_ack_posts_its_own_json_body(mocked, client):
-    mocked.get(POLL_URL, json=[])
     mocked.post(ACK_URL, status=204)
-    client.poll()
-    client.ack(Ack(SESSION, "m1", "abort", ok=True))
+    assert client.poll() == b'[{"id": "m1", "kind": "abort"}]\n'
     client.ack(Ack(SESSION, "m2", "effort", ok=False, error="unknown effort"))
-    for call in mocked.calls:
-        assert call.request.headers["X-Lich-Plugin"] == CONTRACT_RELEASE != __version__
-        assert (call.request.headers["Accept"], call.request.headers["User-Agent"]) == ("application/json", f"lich-control/{__version__}")
-    first, second = (call.request for call in mocked.calls[1:])
-    assert (second.method, second.url, second.headers["Content-Type"]) == ("POST", ACK_URL, "application/json")
-    assert [json.loads(first.body)["id"], json.loads(second.body)] == ["m1", {"session_id": SESSION, "id": "m2", "kind": "effort", "ok": False, "error": "unknown effort"}]
-    assert second.headers["Content-Length"] == str(len(second.body))
+    poll, ack = (call.request for call in mocked.calls)
+    assert (poll.method, poll.url, poll.body) == ("GET", POLL_URL, None)
+    assert (ack.method, ack.url, ack.headers["Content-Type"], ack.headers["Content-Length"]) == ("POST", ACK_URL, "application/json", str(len(ack.body)))
+    assert json.loads(ack.body) == {"session_id": SESSION, "id": "m2", "kind": "effort", "ok": False, "error": "unknown effort"}
+    for sent in (poll, ack):
+        assert sent.headers["X-Lich-Plugin"] == CONTRACT_RELEASE != __version__
+        assert (sent.headers["Accept"], sent.headers["User-Agent"]) == ("application/json", f"lich-control/{__version__}")
 
 
 # -- what comes back ---------------------------------------------------------------------------
 
 
-def test_a_404_means_lich_predates_the_contract(mocked, client):
-    mocked.get(POLL_URL, status=404, body="no such path")
-    with pytest.raises(LichGone, match="^lich answered 404$"):
-        client.poll()
-
-
-@pytest.mark.parametrize("status", [204, 302, 400, 401, 500, 503])
-def test_any_other_status_is_a_failed_poll_named_by_its_status_sent_once(mocked, client, status):
+@pytest.mark.parametrize("status", [204, 302, 400, 401, 404, 500, 503])
+def test_a_poll_not_answered_200_is_named_by_its_status_and_sent_once(mocked, client, status):
     mocked.get(POLL_URL, status=status, body="" if status == 204 else "why", headers={"Location": "/elsewhere"} if status == 302 else {})
-    with pytest.raises(PollFailed, match=f"^lich answered {status}$"):
+    with pytest.raises(LichGone if status == 404 else PollFailed, match=f"^lich answered {status}$"):  # 404: lich predates the contract
         client.poll()
     assert len(mocked.calls) == 1  # a redirect is not followed, nothing is resent
 
@@ -157,13 +142,11 @@ def test_a_failure_on_the_way_is_a_phrase_raised_from_the_original_without_the_t
     assert not acked.value.refused and len(mocked.calls) == 2  # never retried
 
 
-def test_a_body_past_its_limit_is_a_failed_exchange_declared_or_not(mocked, client):
-    mocked.get(POLL_URL, body=b"[]", headers={"Content-Length": str(MAX_POLL_BODY + 1)})  # refused unread
-    mocked.get(POLL_URL, body=b"[" + b" " * MAX_POLL_BODY + b"]")  # no Content-Length: refused once read past it
+def test_a_body_past_its_limit_is_a_failed_exchange(mocked, client):
+    mocked.get(POLL_URL, body=b"[]", headers={"Content-Length": str(MAX_POLL_BODY + 1)})  # refused unread; streamed: below
     mocked.post(ACK_URL, status=400, body=b"x" * (MAX_ACK_ANSWER + 1))
-    for _ in range(2):
-        with pytest.raises(PollFailed, match="^lich's answer is over 16 MiB$"):
-            client.poll()
+    with pytest.raises(PollFailed, match="^lich's answer is over 16 MiB$"):
+        client.poll()
     with pytest.raises(AckFailed, match="^lich's answer is over 64 KiB$"):
         client.ack(ACK)
 
@@ -175,29 +158,19 @@ def test_a_2xx_ack_has_landed(mocked, client, status):
     assert len(mocked.calls) == 1
 
 
-@pytest.mark.parametrize("status, body, said", [(400, "  unknown\n kind: rewind  ", "unknown kind: rewind"), (409, "", "Conflict")])
-def test_a_4xx_ack_is_refused_with_lichs_reason_on_one_line(mocked, client, status, body, said):
+@pytest.mark.parametrize("status, body, said, refused", [(400, "  unknown\n kind: rewind  ", "unknown kind: rewind", True), (409, "", "Conflict", True), (503, "busy", "busy", False)])
+def test_an_ack_lich_did_not_take_says_why_on_one_line_and_only_a_4xx_is_a_refusal(mocked, client, status, body, said, refused):
     mocked.post(ACK_URL, status=status, body=body)
     with pytest.raises(AckFailed, match=f"^lich refused it: {status} {said}$") as caught:
         client.ack(ACK)
-    assert caught.value.refused
-
-
-def test_a_5xx_ack_failed_but_was_not_refused(mocked, client):
-    mocked.post(ACK_URL, status=503, body="busy")
-    with pytest.raises(AckFailed, match="^lich refused it: 503 busy$") as caught:
-        client.ack(ACK)
-    assert not caught.value.refused
-
-
-def test_the_timeouts_are_30_s_for_a_poll_and_10_s_for_an_ack():
-    assert ExchangeTimeouts() == ExchangeTimeouts(poll=30.0, ack=10.0)
+    assert caught.value.refused is refused
 
 
 # -- the connection, over loopback -------------------------------------------------------------
 
 
-def test_polls_and_acks_share_one_kept_alive_connection_replaced_once_lich_closes_it(server):
+def test_polls_and_acks_share_one_kept_alive_connection_replaced_once_lich_closes_it(server, monkeypatch):
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # read from the environment, it would take every request
     client = client_for(server.port)
     for n in range(3):
         server.faults.deliver({"id": f"m{n}", "kind": "abort"})
@@ -293,7 +266,6 @@ def test_an_answer_in_two_byte_chunks_costs_its_size_not_an_object_per_chunk(raw
 NOT_HTTP = {
     "garbage": b"garbage\r\n\r\n",
     "bad-status-code": b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\n[]",
-    "no-status-line": b"[]",
     "too-many-headers": b"HTTP/1.1 200 OK\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(120)) + b"\r\n[]",
     "header-too-long": b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n[]",
     "two-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]",
@@ -301,7 +273,7 @@ NOT_HTTP = {
     "bad-gzip": b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nabcd",
     **{
         f"chunk-size-{size.decode() or 'empty'}": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\n[]\r\n0\r\n\r\n"
-        for size in (b"-1", b"-ffffffffffffffffffff", b"zz", b"", b"ffffffffffffffffffff", b"1_0")
+        for size in (b"-ffffffffffffffffffff", b"zz", b"", b"ffffffffffffffffffff")
     },
 }
 
@@ -332,17 +304,6 @@ def test_an_ack_answered_neither_2xx_nor_4xx_is_not_a_refusal(raw, status):
     with pytest.raises(AckFailed, match=rf"^lich refused it: {status} (odd!|Odd)$") as caught:  # 1xx, 304: no body
         client.ack(ACK)
     assert not caught.value.refused
-
-
-def test_a_refusal_holding_the_token_never_reaches_the_status(relay, lich):
-    r = relay()
-    r.wait_hello()
-    assert lich.wait_polled("s1", 10, parked=True)
-    lich.faults.script_acks(AckAnswer(status=400, reason=f"refused /mod/acks?token={quote(lich.token, safe='')}"))
-    lich.queue_all("s1", [{"id": "m1", "kind": "abort"}])
-    assert lich.record.ack_for("m1")
-    text = json.dumps(r.wait_status(lambda doc: "not delivered" in json.dumps(doc)))
-    assert "[token]" in text and lich.token not in text and quote(lich.token, safe="") not in text
 
 
 # -- the token goes to a program of our own user only -------------------------------------------
@@ -380,50 +341,17 @@ def test_the_owner_is_found_whichever_listener_takes_the_connection(host, family
     with socket.create_server((host, 0), family=family, dualstack_ipv6=family == socket.AF_INET6) as listener:
         with socket.create_connection(("127.0.0.1", listener.getsockname()[1])) as conn:
             assert listener_uid(conn) == os.getuid()
-            assert listener_uid(conn, tables=("/nonexistent/tcp",)) is None
 
 
-def test_a_row_in_time_wait_names_no_owner(tmp_path):
+def test_a_row_in_time_wait_names_no_owner(tmp_path, monkeypatch):
     with socket.create_server(("127.0.0.1", 0)) as listener, socket.create_connection(listener.getsockname()) as conn:
         theirs, ours = lich._row_address(conn.getpeername(), False), lich._row_address(conn.getsockname(), False)
         head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
         waiting = f"   0: {theirs} {ours} 06 00000000:00000000 03:00001770 00000000     0        0 0 3 0\n"
         live = f"   1: {theirs} {ours} 01 00000000:00000000 00:00000000 00000000  1234        0 99 1 0\n"
         table = tmp_path / "tcp"
+        monkeypatch.setattr(lich, "TCP_TABLES", (str(table),))
         table.write_text(head + waiting)
-        assert listener_uid(conn, tables=(str(table),)) is None  # the kernel's uid 0 of a TIME_WAIT row is no owner
+        assert listener_uid(conn) is None  # the kernel's uid 0 of a TIME_WAIT row is no owner
         table.write_text(head + waiting + live)
-        assert listener_uid(conn, tables=(str(table),)) == 1234
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="only root can start a listener of another user")
-def test_a_listener_of_uid_65534_never_receives_the_token():
-    ready_r, ready_w = os.pipe()
-    got_r, got_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: another user, listening on loopback
-        try:
-            os.close(ready_r), os.close(got_r)
-            os.setgroups([]), os.setgid(65534), os.setuid(65534)
-            listener = socket.create_server(("127.0.0.1", 0))
-            os.write(ready_w, struct.pack("H", listener.getsockname()[1]))
-            conn, _ = listener.accept()
-            conn.settimeout(10)
-            received = b""
-            while chunk := conn.recv(65536):
-                received += chunk
-            os.write(got_w, received[:65536] or b"-")
-        finally:
-            os._exit(0)
-    os.close(ready_w), os.close(got_w)
-    try:
-        [port] = struct.unpack("H", os.read(ready_r, 2))
-        client = client_for(port)
-        with pytest.raises(PollFailed, match=foreign(port, 65534)):
-            client.poll()
-        client.close()
-        assert os.read(got_r, 65536) == b"-"  # the connection closed with nothing sent on it
-    finally:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        os.close(ready_r), os.close(got_r)
+        assert listener_uid(conn) == 1234

@@ -6,10 +6,8 @@ import collections
 import json
 import logging
 import threading
-from urllib.parse import quote
 
 import pytest
-import requests
 import responses
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,7 +17,7 @@ from fakes import ScriptedClient
 from lich_control.commands import MAX_VALUES
 from lich_control.config import Config
 from lich_control.bridge import Turns
-from lich_control.lich import MAX_POLL_BODY, LichClient
+from lich_control.lich import LichClient
 from lich_control.poller import MAX_ITEMS, Backoff, Poller
 from lich_control.activity import Activity
 
@@ -80,16 +78,6 @@ def test_a_200_array_hands_every_command_on_and_polls_again_at_once(mocked):
     assert (rig.poll["state"], rig.poll["failures"]) == ("polling", 0)
 
 
-def test_an_empty_answer_is_polled_again_at_once_with_no_backoff(mocked):
-    # lich answers [] at once to the older of two overlapping polls.
-    rig = Rig()
-    answer(mocked, b"busy", status=503)
-    answer(mocked, b"[]\n")
-    assert rig.poller.poll_once() == 1.0
-    assert rig.poller.poll_once() == 0 and rig.poller.backoff == Backoff()
-    assert rig.ordered == [] and (rig.poll["state"], rig.poll["backoff"]) == ("polling", 0)
-
-
 FAILED = {
     "not-an-array": ({"a": 1}, {}, "lich's answer is JSON but not an array"),
     "not-json": (b"[{", {}, "lich's answer is not JSON"),
@@ -97,11 +85,7 @@ FAILED = {
     "not-unicode": (b'[{"id": "m1", "kind": "prompt", "text": "\xff"}]', {}, "lich's answer is not JSON"),
     "nested-too-deep": (b"[" * 5000 + b"]" * 5000, {}, "lich's answer is nested deeper than Python reads"),
     "too-many-values": (b"[" + b",".join([b"{}"] * MAX_VALUES) + b"]", {}, f"lich's answer was not read: the body holds more than {MAX_VALUES:,} JSON values"),
-    "over-16-mib": (b"[" + b" " * MAX_POLL_BODY + b"]", {}, "lich's answer is over 16 MiB"),
-    "204": (b"", {"status": 204}, "lich answered 204"),
-    "401": (b"wrong token", {"status": 401}, "lich answered 401"),
     "500": (b"oops", {"status": 500}, "lich answered 500"),
-    "read-timeout": (requests.ReadTimeout("slow"), {}, "lich did not answer within 30 s"),
 }
 
 
@@ -114,19 +98,12 @@ def test_any_other_answer_is_one_failed_poll_a_backoff_and_nothing_handed_on(moc
     assert (rig.poll["state"], rig.poll["failures"], rig.poll["backoff"], rig.poll["reason"]) == ("backing off", 1, 1.0, reason)
 
 
-def test_a_failed_poll_keeps_its_cause_in_the_debug_log_and_the_token_in_no_text(mocked, caplog):
-    caplog.set_level(logging.DEBUG, logger="lich_control")
-    rig = Rig()
-    leaky = requests.ConnectionError(f"Max retries exceeded with url: /mod/commands?token={quote(SCAN_TOKEN, safe='')}")
-    answer(mocked, leaky, b"[{")
-    rig.poller.poll_once()
-    rig.poller.poll_once()
-    wire, reading = [r.exc_info[1] for r in caplog.records if r.exc_info]
-    assert wire is leaky  # as requests raised it
+def test_an_answer_that_is_not_json_keeps_its_cause_in_the_debug_log(mocked, caplog):
+    caplog.set_level(logging.DEBUG, logger="lich_control.poller")
+    answer(mocked, b"[{")
+    Rig().poller.poll_once()
+    [reading] = [r.exc_info[1] for r in caplog.records if r.exc_info]
     assert isinstance(reading, json.JSONDecodeError) and reading.pos == 2  # where the answer broke
-    texts = [r.getMessage() for r in caplog.records] + [json.dumps(rig.activity.snapshot())]
-    for form in (SCAN_TOKEN, quote(SCAN_TOKEN, safe=""), quote(SCAN_TOKEN)):
-        assert all(form not in text for text in texts)
 
 
 def test_a_404_ends_polling_for_good(mocked):
@@ -155,12 +132,7 @@ def test_items_without_a_usable_id_are_skipped_in_one_line_and_the_rest_go_on(mo
     answer(mocked, b'["junk", {"kind": "abort"}, ' + HUGE + b', {"id": -' + HUGE + b', "kind": "abort"}, {"id": "m2", "kind": "abort"}]')
     assert rig.poller.poll_once() == 0
     assert [c.id for c in rig.ordered] == ["m2"]
-    what = (
-        "an item that is not a JSON object (a number); an item that is not a JSON object (a string); "
-        "an item with an id that is not a non-empty string (a number); an item with no id"
-    )
-    assert warnings_of(caplog) == [f"skipped 4 items of lich's answer: {what}"]
-    assert rig.errors == [f"skipped {what}"]
+    assert warnings_of(caplog) == rig.errors == ["skipped items of lich's answer: 4 not an object with an id"]
 
 
 def test_a_huge_integer_costs_the_field_holding_it_not_the_answer(mocked):
@@ -168,7 +140,7 @@ def test_a_huge_integer_costs_the_field_holding_it_not_the_answer(mocked):
     answer(mocked, b'[{"id": "m1", "kind": "model", "model": ' + HUGE + b'}, {"id": "m2", "kind": "abort", "n": ' + HUGE + b"}]")
     assert rig.poller.poll_once() == 0
     assert [(c.id, c.problem) for c in rig.ordered] == [
-        ("m1", "model must be a non-empty string, or absent to drop the override (got a number)"),
+        ("m1", "model must be a string, not a number"),
         ("m2", None),  # a field no kind reads
     ]
 
@@ -177,15 +149,7 @@ def test_a_bad_ask_goes_to_the_worker_to_be_acked_in_order(mocked):
     rig = Rig()
     answer(mocked, [{"id": "m9", "kind": "ask"}])
     rig.poller.poll_once()
-    assert rig.asks == [] and rig.ordered[0].problem == "question must be a non-empty string (missing)"
-
-
-def test_an_id_repeated_within_one_answer_is_applied_once_with_one_line(mocked, caplog):
-    rig = Rig()
-    answer(mocked, [abort("m2"), {"id": "m2", "kind": "model"}, abort("m3"), abort("m2")])
-    rig.poller.poll_once()
-    assert [(c.id, c.kind) for c in rig.ordered] == [("m2", "abort"), ("m3", "abort")]
-    assert warnings_of(caplog) == ["skipped 2 items of lich's answer: an id repeated in one answer (its first is applied) ×2 ['m2', 'm2']"]
+    assert rig.asks == [] and rig.ordered[0].problem == "the ask has no question"
 
 
 def test_an_id_lich_sends_again_in_a_later_poll_is_applied_again(mocked):
@@ -203,7 +167,7 @@ def test_an_answer_over_the_item_cap_hands_on_the_first_items_and_says_so_once(m
     answer(mocked, [abort(f"m{n}") for n in range(MAX_ITEMS + 500)])
     assert rig.poller.poll_once() == 0
     assert [c.id for c in rig.ordered] == [f"m{n}" for n in range(MAX_ITEMS)]
-    assert warnings_of(caplog) == [f"skipped 500 items of lich's answer: an item past the first {MAX_ITEMS:,} of one answer (dropped unread) ×500"]
+    assert warnings_of(caplog) == [f"skipped items of lich's answer: 500 past the first {MAX_ITEMS:,} (dropped unread)"]
     assert rig.poll["failures"] == 0
 
 
@@ -220,7 +184,7 @@ bodies = st.one_of(
 
 @settings(max_examples=200, deadline=None)
 @given(body=bodies)
-def test_any_body_is_commands_each_usable_id_handed_on_once_or_one_failed_poll(body):
+def test_any_body_is_commands_each_with_a_usable_id_handed_on_or_one_failed_poll(body):
     rig = Rig()
     with responses.RequestsMock() as mocked:
         answer(mocked, body)
@@ -232,7 +196,7 @@ def test_any_body_is_commands_each_usable_id_handed_on_once_or_one_failed_poll(b
         read = None
     if isinstance(read, list):
         wanted = [i["id"] for i in read if isinstance(i, dict) and isinstance(i.get("id"), str) and i["id"]]
-        assert delay == 0 and collections.Counter(c.id for c in rig.ordered + rig.asks) == collections.Counter(set(wanted))
+        assert delay == 0 and collections.Counter(c.id for c in rig.ordered + rig.asks) == collections.Counter(wanted)
     else:
         assert delay == 1.0 and rig.ordered == rig.asks == [] and rig.poll["failures"] == 1
 
@@ -277,9 +241,10 @@ def test_a_poll_whose_handling_fails_is_a_failed_poll_and_polling_goes_on():
 
 
 def test_a_poller_that_cannot_even_count_a_failure_says_so_and_ends(monkeypatch):
-    crashed = []
+    crashed, escaped = [], []
     rig = Rig(client=ScriptedClient([RuntimeError("a bug in the client")]), on_crash=crashed.append)
     monkeypatch.setattr(rig.activity, "poll_failed", lambda reason, backoff: 1 / 0)
+    monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args.exc_type))
     rig.poller.start()
     rig.poller._thread.join(5)
-    assert crashed == ["the poller failed"] and not rig.poller._thread.is_alive()
+    assert crashed == ["the poller failed"] and escaped == [ZeroDivisionError] and not rig.poller._thread.is_alive()
