@@ -37,10 +37,7 @@ class Answer:
     raw: Optional[bytes] = None  # sent as it is, instead of `body`
     drop: bool = False  # close the connection without a word
     delay: float = 0.0  # seconds before answering
-    reset_mid_body: bool = False  # half the body, then a TCP reset
-    length: Optional[int] = None  # the Content-Length to declare; one over the body's ends only with the connection
     chunked: Optional[bool] = None  # None: framed as lich's Go server frames it (chunked past 2 KiB)
-    close_after: bool = False  # say Connection: close, and close once answered
     # A lich that never finishes answering. `wire` goes out as it is in place
     # of the whole answer, status line included; `endless` follows the answer
     # again and again until the mod hangs up or lich closes; `drip` is the
@@ -50,23 +47,14 @@ class Answer:
     drip: float = 0.0
 
     def __attrs_post_init__(self) -> None:
-        if self.drop and self.reset_mid_body:
-            raise ValueError("an answer either drops the connection or resets it mid-body, not both")
         if self.delay < 0 or self.drip < 0:
             raise ValueError("a delay or a drip is a number of seconds, 0 or more")
         if self.endless is not None and not (self.endless and self.drip > 0):
             raise ValueError("an endless answer needs bytes to repeat and a drip between them")
-        if self.chunked and self.length is not None:
-            raise ValueError("an answer declares a length or is chunked, not both")
 
     def payload(self) -> bytes:
         """The body: `raw` as it is, else `body` encoded as lich encodes a poll's answer."""
         return self.raw if self.raw is not None else encode_answer(self.body)
-
-    @property
-    def closes(self) -> bool:
-        """Whether the connection ends with this answer."""
-        return self.close_after or self.length is not None
 
     @property
     def trickles(self) -> bool:

@@ -194,13 +194,10 @@ class Handler(BaseHTTPRequestHandler):
             if drip:
                 self.lich._pause(drip)
 
-    def cut(self, reset: bool = False) -> None:
-        """End the connection here: with a FIN, or with `reset` a TCP reset."""
+    def cut(self) -> None:
+        """End the connection here, with a FIN."""
         self.close_connection = True
-        if reset:
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_LINGER)
-        else:
-            self.connection.shutdown(socket.SHUT_RDWR)
+        self.connection.shutdown(socket.SHUT_RDWR)
 
     def headers_as_sent(self) -> Tuple[Tuple[str, str], ...]:
         return tuple(self.headers.raw_items())
@@ -240,22 +237,15 @@ def _give(req: Handler, answer: Answer) -> None:
         return req.cut()
     if answer.trickles:
         req.close_connection = True
-        data = answer.wire if answer.wire is not None else req.rendered(answer.status, answer.payload(), "application/json", length=answer.length)
+        data = answer.wire if answer.wire is not None else req.rendered(answer.status, answer.payload(), "application/json")
         return req.trickle(data, answer.drip, answer.endless)
     body = answer.payload()
-    if answer.reset_mid_body:
-        req.reply(answer.status, body[: len(body) // 2], "application/json", length=len(body))
-        req.wfile.flush()
-        return req.cut(reset=True)
     # A closed lich answers its last poll and hangs up: a mod kept on this
     # connection would otherwise poll a closing stub in a loop.
-    if answer.closes or req.lich._closed:
+    if req.lich._closed:
         req.close_connection = True
-    chunked = answer.chunked if answer.chunked is not None else answer.length is None and len(body) > GO_CHUNKING_BUFFER
-    req.reply(answer.status, body, "application/json", length=answer.length, chunked=chunked)
-    if answer.close_after:
-        req.wfile.flush()
-        req.cut()
+    chunked = answer.chunked if answer.chunked is not None else len(body) > GO_CHUNKING_BUFFER
+    req.reply(answer.status, body, "application/json", chunked=chunked)
 
 
 def mod_acks(req: Handler, query: Dict[str, list]) -> None:

@@ -102,11 +102,9 @@ class StubLich:
         stale_after: float = STALE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         newer_kinds: Optional[Mapping[str, Iterable[str]]] = None,
-        record: bool = True,
     ):
         """`newer_kinds` plays a lich newer than the mod: kinds beyond the
-        contract's six (name -> its fields) that it queues and takes acks of.
-        `record=False` keeps no record of polls and acks (long benchmarks)."""
+        contract's six (name -> its fields) that it queues and takes acks of."""
         self.token = token or secrets.token_hex(24)  # never a leading "-", which a command line would take for an option
         self.hold = hold
         self.stale_after = stale_after
@@ -121,7 +119,7 @@ class StubLich:
         self._closing = threading.Event()  # ends a fault's delay early
         self._conns: Set[socket.socket] = set()
         self.faults = Faults(self._cond)
-        self.record = Record(self._cond, keep=record)
+        self.record = Record(self._cond)
         self.plugins = PluginReleases(log)
         self.acks_received = 0
         self.stray_acks = 0  # valid acks nobody waits on

@@ -62,17 +62,14 @@ class AckRecord:
 
 
 class Record:
-    def __init__(self, cond: threading.Condition, keep: bool = True):
+    def __init__(self, cond: threading.Condition):
         self._cond = cond
-        self._keep = keep  # off: a long benchmark keeps nothing
         self._polls: List[PollRecord] = []
         self._acks: List[AckRecord] = []
 
     # -- the lich's side ----------------------------------------------------
 
     def add(self, record: Any) -> None:
-        if not self._keep:
-            return
         with self._cond:
             (self._polls if isinstance(record, PollRecord) else self._acks).append(record)
             self._cond.notify_all()
