@@ -157,6 +157,20 @@ class Relay:
             f.write(self.argv)
 
 
+def full_pipe():
+    """A pipe whose buffer is full, for a stream nobody reads: the next
+    blocking write to it would wait."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        while True:
+            os.write(write_fd, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_fd, True)  # the writer under test is given a plain, blocking pipe
+    return read_fd, write_fd
+
+
 def _cmdline(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -19,6 +19,8 @@ from lich_control.run_folder import NotOurs
 from lich_dev import procs
 from lich_dev.faults import AckAnswer
 
+from relay import full_pipe
+
 SECRET = "tok/en+with&odd=chars"
 WAIT = 10.0
 F_SETPIPE_SZ = 1031  # Linux's fcntl: the smallest pipe is one page
@@ -143,7 +145,7 @@ def test_a_link_at_the_logs_name_stops_the_start(tmp_path):
     assert not (tmp_path / "elsewhere").exists()
 
 
-def test_a_link_planted_at_a_rotation_is_not_written_through_and_is_said_once(tmp_path):
+def test_a_link_planted_at_a_rotation_is_never_written_through_said_once_and_outlived(tmp_path):
     path, victim = tmp_path / "s1.log", tmp_path / "victim"
     victim.write_text("theirs")
     said = []
@@ -157,9 +159,13 @@ def test_a_link_planted_at_a_rotation_is_not_written_through_and_is_said_once(tm
     record = logging.LogRecord("x", logging.WARNING, __file__, 1, "a line long enough to fill the file soon", None, None)
     for _ in range(20):
         handler.handle(record)
+    assert victim.read_text() == "theirs"
+    assert said == [f"lich-control: writing the log file {path} failed ({path} is a symbolic link, not a file the daemon made: it will not write through it; remove it): its lines are lost until a write works again"]
+    os.unlink(path)
+    handler.rotator = None
+    handler.handle(record)
     handler.close()
-    assert victim.read_text() == "theirs" and handler.given_up
-    assert said == [f"lich-control: no more log file: {path} is a symbolic link, not a file the daemon made: it will not write through it; remove it"]
+    assert path.read_text().count("a line long enough") == 1 and len(said) == 1
 
 
 def _tiny_files():
@@ -195,19 +201,6 @@ def test_a_log_file_that_cannot_be_written_is_said_once_and_never_blocks_on_an_u
 
 
 # -- stderr ----------------------------------------------------------------------------------
-
-
-def full_pipe():
-    """A pipe whose buffer is full: the next blocking write would wait."""
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    try:
-        while True:
-            os.write(write_fd, b"x" * 4096)
-    except BlockingIOError:
-        pass
-    os.set_blocking(write_fd, True)  # the writer under test is given a plain, blocking pipe
-    return read_fd, write_fd
 
 
 def test_a_full_stderr_drops_lines_and_counts_them_without_waiting(tmp_path):
