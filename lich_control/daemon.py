@@ -43,7 +43,7 @@ from . import __version__, run_folder  # noqa: E402
 from .acks import Acks  # noqa: E402
 from .activity import Activity  # noqa: E402
 from .bridge import BadMessage, Bridge, Turns  # noqa: E402
-from .config import BadConfig, Config, NotInLich, expected_parent, lock_wait, socket_too_long  # noqa: E402
+from .config import BadConfig, Config, NotInLich, expected_parent, lock_wait  # noqa: E402
 from .lich import LichClient  # noqa: E402
 from .logs import Logs, Redactor, escape  # noqa: E402
 from .poller import Poller  # noqa: E402
@@ -168,9 +168,6 @@ def run(config: Config, parent: int, host: Optional[str] = None, simulated=None)
     with contextlib.ExitStack() as held:
         try:
             run_folder.ensure(config.run_dir)
-            problem = socket_too_long(config.path("sock"))
-            if problem:
-                raise BadConfig(problem)
             logging_ = held.enter_context(Logs(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log")))
             held.enter_context(run_folder.SessionLock(config.path("lock"), config.session_id, lock_wait(os.environ)))
         except BadConfig as exc:
