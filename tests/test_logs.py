@@ -240,7 +240,7 @@ def test_a_line_goes_out_in_one_write_a_pipe_takes_whole():
     long.decode("utf-8")  # never cut inside a character
 
 
-def test_a_stderr_nobody_reads_holds_back_no_command_and_the_status_counts_its_lost_lines(relay, lich):
+def test_a_stderr_nobody_reads_holds_back_no_command_nor_the_exit_and_the_status_counts_its_lost_lines(relay, lich):
     read_fd, write_fd = full_pipe()
     r = relay(stderr=write_fd)
     try:
@@ -253,6 +253,8 @@ def test_a_stderr_nobody_reads_holds_back_no_command_and_the_status_counts_its_l
         assert r.wait_status(lambda s: s["daemon"]["stderr_dropped"] == 2, WAIT)
         with open(os.path.join(r.hello["socket"][: -len("s1.sock")], "s1.log")) as f:
             assert "refused the ack for m1" in f.read()  # the log file has every line
+        r.proc.send_signal(signal.SIGTERM)
+        assert r.wait_exit(2.0) == 0
     finally:
         r.stop()
         os.close(read_fd)
