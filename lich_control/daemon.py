@@ -74,10 +74,9 @@ REFUSED = 2  # the relay does not restart a daemon that exits with it (bridge.md
 class Daemon:
     """Everything one session's daemon runs, started and stopped as one."""
 
-    def __init__(self, config: Config, engine, turns: Turns, activity: Activity, client_factory=None):
+    def __init__(self, config: Config, engine, turns: Turns, activity: Activity):
         self.config = config
         self.engine = engine
-        self.activity = activity
         self._started = False
         # The main thread sleeps in select() on this pipe, never on a lock: a
         # signal that lands just before a lock wait begins runs its handler
@@ -87,11 +86,10 @@ class Daemon:
         os.set_blocking(self.wake_fd, False)
         self.stop_reason: Optional[str] = None  # set once: a stop was asked for
         self.exit_code = 0
-        factory = client_factory or (lambda: LichClient(config))
-        self.acks = Acks(factory, activity)
+        self.acks = Acks(lambda: LichClient(config), activity)  # a client per sending thread
         self.worker = Worker(engine, turns, self.acks, activity, config.session_id)
         self.asks = Asks(engine, self.acks, activity, config.session_id)
-        self.poller = Poller(factory(), self.worker.submit, self.asks.submit, activity, on_crash=self._crashed)
+        self.poller = Poller(LichClient(config), self.worker.submit, self.asks.submit, activity, on_crash=self._crashed)
 
     def start(self) -> None:
         """Start polling, unless a stop was asked for already (the relay
@@ -186,7 +184,7 @@ def run(config: Config, parent: int, host: Optional[str] = None, simulated=None)
         try:
             run_folder.ensure(config.run_dir)
             logs = held.enter_context(Logs(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log")))
-            held.enter_context(run_folder.SessionLock(config.path("lock"), config.session_id, lock_wait(os.environ)))
+            held.enter_context(run_folder.session_lock(config.path("lock"), config.session_id, lock_wait(os.environ)))
             # Once the lock is ours (a daemon waiting for it still dies of
             # a SIGTERM at once), before the socket: from here a signal only
             # records a stop, and the way out below takes it.

@@ -44,14 +44,11 @@ REDACTED = "[token]"
 class Redactor:
     """Takes the token out of a text, in each form a URL gives it: as it is,
     quoted as the daemon quotes it (nothing safe), and as most clients would
-    (`/` left). Never in a repr or a traceback."""
+    (`/` left)."""
 
     def __init__(self, token: str):
         raw = token.encode("utf-8", "surrogatepass")
         self._forms: Tuple[str, ...] = tuple(dict.fromkeys((token, quote(raw, safe=""), quote(raw)))) if token else ()
-
-    def __repr__(self) -> str:
-        return "Redactor(...)"
 
     def redact(self, text: str) -> str:
         for form in self._forms:

@@ -41,7 +41,6 @@ def written_by(tmp_path, *lines, level="DEBUG", logger="lich_control.test"):
 @pytest.mark.parametrize("form", [SECRET, quote(SECRET, safe=""), quote(SECRET), "tok%2fen%2bwith%26odd%3dchars"])
 def test_the_token_is_redacted_in_each_form_a_url_gives_it(form):
     assert Redactor(SECRET).redact(f"GET /mod/acks?token={form} HTTP/1.1") == "GET /mod/acks?token=[token] HTTP/1.1"
-    assert SECRET not in repr(Redactor(SECRET))
 
 
 @pytest.mark.parametrize(
