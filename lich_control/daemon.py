@@ -183,7 +183,8 @@ def run(config: Config, parent: int, host: Optional[str] = None, simulated=None)
     with contextlib.ExitStack() as held:
         try:
             run_folder.ensure(config.run_dir)
-            logs = held.enter_context(Logs(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log")))
+            logs = Logs(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
+            held.callback(logs.close)
             held.enter_context(run_folder.session_lock(config.path("lock"), config.session_id, lock_wait(os.environ)))
             # Once the lock is ours (a daemon waiting for it still dies of
             # a SIGTERM at once), before the socket: from here a signal only

@@ -174,10 +174,9 @@ def nonblocking(fd: int) -> None:
 
 def _same_file(fd: int, other: int) -> bool:
     try:
-        a, b = os.fstat(fd), os.fstat(other)
+        return os.path.samestat(os.fstat(fd), os.fstat(other))
     except OSError:
         return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def one_write(text: str) -> bytes:
@@ -247,12 +246,12 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
 
 
 class Logs:
-    """The package's logging, routed to stderr and the log file; `close`
-    flushes and stops it. Records are written where they are logged: a
+    """The package's logging, routed to stderr and the log file until
+    `close`, which flushes and stops it. Records are written where they are logged: a
     listener thread would take the write off the caller, but waking it
     costs the caller more than the write."""
 
-    def __init__(self, token: str, level: Optional[str], log_path: Optional[str]):
+    def __init__(self, token: str, level: Optional[str], log_path: str):
         chosen = (level or "INFO").upper()
         if chosen not in LEVELS:
             print(f"lich-control: LICH_CONTROL_LOG_LEVEL must be one of {', '.join(LEVELS)}; using INFO", file=sys.stderr)
@@ -260,11 +259,9 @@ class Logs:
         self.stderr = StderrLines()
         self.stderr.setLevel(logging.WARNING)
         self.stderr.setFormatter(logging.Formatter("lich-control: %(message)s"))
-        self._handlers: List[logging.Handler] = [self.stderr]
-        if log_path:
-            handler = PrivateRotatingFile(log_path, say=self.stderr.put, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8")
-            handler.setFormatter(logging.Formatter(FORMAT))
-            self._handlers.append(handler)
+        file = PrivateRotatingFile(log_path, say=self.stderr.put, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8")
+        file.setFormatter(logging.Formatter(FORMAT))
+        self._handlers: List[logging.Handler] = [self.stderr, file]
         self._root = logging.getLogger("lich_control")
         self._root.setLevel(chosen)
         self._root.propagate = False
@@ -284,10 +281,4 @@ class Logs:
             self._root.removeHandler(handler)
             self._wire.removeHandler(handler)
             handler.close()
-
-    def __enter__(self) -> "Logs":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 

@@ -29,9 +29,10 @@ F_SETPIPE_SZ = 1031  # Linux's fcntl: the smallest pipe is one page
 def written_by(tmp_path, *lines, level="DEBUG", logger="lich_control.test"):
     """What the log file holds once `lines` (callables taking the logger) ran."""
     path = tmp_path / "s1.log"
-    with Logs(SECRET, level, str(path)):
-        for line in lines:
-            line(logging.getLogger(logger))
+    setup = Logs(SECRET, level, str(path))
+    for line in lines:
+        line(logging.getLogger(logger))
+    setup.close()
     return path.read_text()
 
 
