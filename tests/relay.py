@@ -17,7 +17,7 @@ from lich_control.unix_socket import unix_request
 class Relay:
     """The daemon started the way the relay starts it, and the relay's half of the bridge."""
 
-    def __init__(self, env, args=(), stdin=subprocess.PIPE, module="lich_control.daemon", stderr=subprocess.PIPE):
+    def __init__(self, env, args=(), stdin=subprocess.PIPE, module="lich_control.daemon", stderr=subprocess.PIPE, preexec_fn=None):
         # module: lich_dev.sim for the daemon on the simulated session; stderr:
         # a descriptor of the test's own, which then reads it itself
         self.proc = subprocess.Popen(
@@ -27,6 +27,7 @@ class Relay:
             stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=stderr,
+            preexec_fn=preexec_fn,
         )
         self.argv = _cmdline(self.proc.pid)
         self.stdout_raw = []

@@ -76,8 +76,14 @@ def read_until_eof(fd, timeout):
         data += chunk
 
 
-def test_sigterm_stops_polling_removes_the_socket_and_exits_0(relay, lich):
-    r = relay()
+def _block_our_signals():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGALRM, signal.SIGUSR2})
+
+
+def test_sigterm_even_blocked_by_the_parent_cuts_the_parked_poll_removes_the_socket_and_exits_0(relay, lich):
+    # Blocked in the mask it inherits, SIGTERM, the exit deadline and the
+    # parent-death signal would never reach the daemon: it unblocks them first.
+    r = relay(preexec_fn=_block_our_signals)
     socket_path = r.wait_hello()["socket"]
     parked(lich)
     began = time.monotonic()
@@ -121,41 +127,6 @@ def test_closing_the_read_end_of_stdout_stops_the_daemon(daemon_env, lich):
         assert not os.path.exists(hello["socket"])
 
 
-PARENT = """
-import subprocess, sys
-child = subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], stdin=subprocess.DEVNULL, stdout=int(sys.argv[1]), pass_fds=[int(sys.argv[1])])
-print(child.pid, flush=True)
-sys.stdin.read()
-"""
-
-
-def test_a_daemon_whose_parent_is_killed_exits_within_2_s_and_polls_no_more(daemon_env, lich):
-    # The daemon's stdin is /dev/null and the test holds its stdout open:
-    # only the parent's death can tell it the session is gone.
-    read_fd, write_fd = os.pipe()
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(write_fd)], cwd=ROOT, env=env_for(daemon_env), stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=[write_fd])
-    daemon_pid = int(parent.stdout.readline())
-    os.close(write_fd)
-    hello = json.loads(os.read(read_fd, 65536))
-    assert hello["pid"] == daemon_pid
-    parked(lich)
-    parent.kill()
-    parent.wait(5)
-    killed = time.monotonic()
-    read_until_eof(read_fd, EXIT_WITHIN)  # EOF: the daemon has exited
-    assert time.monotonic() - killed < EXIT_WITHIN
-    os.close(read_fd)
-    assert not os.path.exists(hello["socket"])
-    # EOF: the daemon is gone, and lich saw its held poll hang up with it:
-    # there is no mod left to take a command.
-    assert lich.wait_until("s1", lambda info: info.hung_up and not info.parked, WAIT)
-    with pytest.raises(NotPolling, match="hung up its last poll"):
-        lich.queue("s1", {"id": "m12", "kind": "rewind"})
-    assert lich.polled("s1").polls == 1 and lich.record.acks == []
-    parent.stdin.close()
-    parent.stdout.close()
-
-
 def test_a_second_daemon_for_the_session_gives_up_with_one_clear_line(relay, lich, daemon_env):
     first = relay()
     first.wait_hello()
@@ -185,19 +156,32 @@ sys.stdin.read()
 """
 
 
-def test_the_exit_of_the_thread_that_spawned_the_daemon_is_not_the_parent_dying(daemon_env, lich):
+def test_the_parents_death_ends_the_daemon_within_2_s_and_the_exit_of_its_spawning_thread_does_not(daemon_env, lich):
+    # The daemon's stdin is /dev/null and the test holds its stdout open:
+    # only the parent's death can tell it the session is gone.
     read_fd, write_fd = os.pipe()
     parent = subprocess.Popen([sys.executable, "-c", PARENT_THREAD, str(write_fd)], cwd=ROOT, env=env_for(daemon_env), stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=[write_fd])
     try:
-        int(parent.stdout.readline())
+        daemon_pid = int(parent.stdout.readline())
         os.close(write_fd)
-        json.loads(os.read(read_fd, 65536))  # hello: the daemon has asked for the death signal
+        hello = json.loads(os.read(read_fd, 65536))  # the daemon has asked for the death signal
+        assert hello["pid"] == daemon_pid
         parked(lich)
         parent.stdin.write(b"go\n")
         parent.stdin.flush()
         assert parent.stdout.readline() == b"thread gone\n"
         lich.queue("s1", {"id": "m12", "kind": "rewind"})
         assert lich.record.ack_for("m12")["error"] == "unknown kind"  # still alive and working
+        parent.kill()
+        parent.wait(5)
+        killed = time.monotonic()
+        read_until_eof(read_fd, EXIT_WITHIN)  # EOF: the daemon has exited
+        assert time.monotonic() - killed < EXIT_WITHIN
+        assert not os.path.exists(hello["socket"])
+        # lich saw its held poll hang up with it: no mod is left to take a command.
+        assert lich.wait_until("s1", lambda info: info.hung_up and not info.parked, WAIT)
+        with pytest.raises(NotPolling, match="hung up its last poll"):
+            lich.queue("s1", {"id": "m13", "kind": "rewind"})
     finally:
         parent.kill()
         parent.wait(5)
@@ -249,19 +233,6 @@ def test_a_daemon_whose_parent_died_before_it_ran_stops_without_polling(daemon_e
     os.close(read_fd)
     assert lich.record.polls == [] and left_behind(run_dir) == []
     assert b"Traceback" not in out, out
-
-
-def _block_our_signals():
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGALRM, signal.SIGUSR2})
-
-
-def test_signals_blocked_by_the_parent_are_unblocked_so_sigterm_still_ends_the_daemon(daemon_env, lich):
-    with spawned(daemon_env, preexec_fn=_block_our_signals) as proc:
-        hello = json.loads(proc.stdout.readline())
-        parked(lich)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(EXIT_WITHIN + 1) == 0
-        assert not os.path.exists(hello["socket"])
 
 
 # -- what it refuses: one line on stderr and exit 2, nothing left ---------------------------
