@@ -300,25 +300,14 @@ def test_a_bad_environment_exits_2_with_one_line_and_no_request(daemon_env, lich
     assert lich.record.polls == [] and os.listdir(run_dir) == []
 
 
-def test_the_log_file_is_private_and_holds_each_ack(relay, lich, run_dir):
-    r = started(relay, lich)
-    lich.queue("s1", {"id": "m12", "kind": "rewind"})
-    lich.record.wait_acks(1)
-    r.stop()
-    path = os.path.join(run_dir, "s1.log")
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    with open(path) as f:
-        text = f.read()
-    assert "acked m12 (rewind): failed: unknown kind" in text
-
-
-def test_the_log_level_is_settable(relay, lich, run_dir):
-    r = started(relay, lich, env={"LICH_CONTROL_LOG_LEVEL": "WARNING"})
+@pytest.mark.parametrize("level, logged", [(None, True), ("WARNING", False)])
+def test_the_log_file_holds_each_ack_at_the_default_level_and_none_at_warning(relay, lich, run_dir, level, logged):
+    r = started(relay, lich, env={"LICH_CONTROL_LOG_LEVEL": level} if level else {})
     lich.queue("s1", {"id": "m12", "kind": "rewind"})
     lich.record.wait_acks(1)
     r.stop()
     with open(os.path.join(run_dir, "s1.log")) as f:
-        assert "acked m12" not in f.read()
+        assert ("acked m12 (rewind): failed: unknown kind" in f.read()) == logged
 
 
 def parent_death_signal_allowed():
