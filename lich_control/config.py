@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping, Optional
+from typing import Mapping
 
 import attrs
 
@@ -42,43 +42,29 @@ class Config:
         missing = [name for name in VARIABLES if not env.get(name)]
         if missing:
             raise NotInLich(", ".join(missing))
-        for name in ("LICH_TOKEN", "LICH_SESSION_ID"):
-            require_utf8(name, env[name])
         folder = run_dir(env)
-        if not is_utf8(folder):
-            # The hello names the socket in JSON: the relay would read such
-            # a path with U+FFFD in it, reach no socket, and lose every result.
-            raise BadConfig(
-                f"the run folder {folder.encode('utf-8', 'backslashreplace').decode()} is not valid UTF-8, so the relay "
-                "could not reach the socket there; set LICH_CONTROL_RUN_DIR to another folder"
-            )
-        return cls(
-            port=parse_port(env["LICH_PORT"]),
-            token=env["LICH_TOKEN"],
-            session_id=env["LICH_SESSION_ID"],
-            run_dir=folder,
-        )
+        # os.environ keeps bytes that were not UTF-8 as lone surrogates: such
+        # a value could go in no URL and no JSON. No value is shown, nor kept
+        # as a cause (the token may be one).
+        for value, problem in (
+            (env["LICH_TOKEN"], "LICH_TOKEN is not valid UTF-8; lich sets it to text"),
+            (env["LICH_SESSION_ID"], "LICH_SESSION_ID is not valid UTF-8; lich sets it to text"),
+            # The hello names the socket in JSON: the relay would read U+FFFD in its path and lose every result.
+            (folder, "the run folder is not valid UTF-8, so the relay could not reach the socket there; set LICH_CONTROL_RUN_DIR to another folder"),
+        ):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadConfig(problem) from None
+        config = cls(port=parse_port(env["LICH_PORT"]), token=env["LICH_TOKEN"], session_id=env["LICH_SESSION_ID"], run_dir=folder)
+        socket_path = config.path("sock")
+        if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
+            raise BadConfig(f"the socket path {socket_path} is too long for a Unix socket; set LICH_CONTROL_RUN_DIR to a shorter folder")
+        return config
 
     def path(self, suffix: str) -> str:
         """This session's file in the run folder: socket, lock or log."""
         return session_path(self.run_dir, self.session_id, suffix)
-
-
-def require_utf8(name: str, value: str) -> None:
-    """Refuse a value whose bytes were not UTF-8 (os.environ keeps them as
-    lone surrogates): it could go in no URL and no JSON. Its value is never
-    shown: it may be the token."""
-    if not is_utf8(value):
-        raise BadConfig(f"{name} is not valid UTF-8; lich sets it to text")
-
-
-def is_utf8(text: str) -> bool:
-    """False for a text from the environment whose bytes were not UTF-8."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def parse_port(raw: str) -> int:
@@ -113,12 +99,6 @@ def session_path(folder: str, session_id: str, suffix: str) -> str:
 
     digest = hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return os.path.join(folder, f"s-{digest}.{suffix}")
-
-
-def socket_too_long(path: str) -> Optional[str]:
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        return f"the socket path {path} is too long for a Unix socket; set LICH_CONTROL_RUN_DIR to a shorter folder"
-    return None
 
 
 def lock_wait(env: Mapping[str, str], default: float = 5.0) -> float:

@@ -43,7 +43,7 @@ from . import __version__, run_folder  # noqa: E402
 from .acks import Acks  # noqa: E402
 from .activity import Activity  # noqa: E402
 from .bridge import BadMessage, Bridge, Turns  # noqa: E402
-from .config import BadConfig, Config, NotInLich, expected_parent, lock_wait, socket_too_long  # noqa: E402
+from .config import BadConfig, Config, NotInLich, expected_parent, lock_wait  # noqa: E402
 from .lich import LichClient  # noqa: E402
 from .logs import Logs, Redactor, escape  # noqa: E402
 from .poller import Poller  # noqa: E402
@@ -74,11 +74,9 @@ REFUSED = 2  # the relay does not restart a daemon that exits with it (bridge.md
 class Daemon:
     """Everything one session's daemon runs, started and stopped as one."""
 
-    def __init__(self, config: Config, engine, turns: Turns, activity: Activity, client_factory=None):
+    def __init__(self, config: Config, engine, turns: Turns, activity: Activity):
         self.config = config
         self.engine = engine
-        self.activity = activity
-        self._stop = threading.Event()
         self._started = False
         # The main thread sleeps in select() on this pipe, never on a lock: a
         # signal that lands just before a lock wait begins runs its handler
@@ -86,48 +84,45 @@ class Daemon:
         # each signal's number here (set_wakeup_fd), request_stop a byte.
         self._wake_r, self.wake_fd = os.pipe()
         os.set_blocking(self.wake_fd, False)
-        self.stop_reason: Optional[str] = None
+        self.stop_reason: Optional[str] = None  # set once: a stop was asked for
         self.exit_code = 0
-        factory = client_factory or (lambda: LichClient(config))
-        self.acks = Acks(factory, activity)
+        self.acks = Acks(lambda: LichClient(config), activity)  # a client per sending thread
         self.worker = Worker(engine, turns, self.acks, activity, config.session_id)
         self.asks = Asks(engine, self.acks, activity, config.session_id)
-        self.poller = Poller(factory(), self.worker.submit, self.asks.submit, activity, on_crash=self._crashed)
+        self.poller = Poller(LichClient(config), self.worker.submit, self.asks.submit, activity, on_crash=self._crashed)
 
     def start(self) -> None:
+        """Start polling, unless a stop was asked for already (the relay
+        gone at the hello, a signal, the parent found gone)."""
+        if self.stop_reason is not None:
+            return
         self._started = True
         self.worker.start()
         self.poller.start()
         log.info("polling lich on port %d for session %s", self.config.port, self.config.session_id)
 
     def request_stop(self, reason: str) -> None:
-        """Any thread, or a signal handler: record why, and wake the main thread."""
+        """Any thread, or a signal handler: record why, and wake the main
+        thread, which does the stopping."""
         if self.stop_reason is None:
             self.stop_reason = reason
-        self._stop.set()
         try:
             os.write(self.wake_fd, b"s")
         except BlockingIOError:
             pass  # the pipe is full of wake-ups already
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        """The main thread's sleep: True once a stop was asked for, False if
-        `timeout` ran out first. A signal's handler runs as select returns."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._stop.is_set():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            if select.select([self._wake_r], [], [], left)[0]:
-                os.read(self._wake_r, 512)
-        return True
+    def wait(self) -> None:
+        """The main thread's sleep until a stop is asked for; a signal's
+        handler runs as select returns."""
+        while self.stop_reason is None:
+            select.select([self._wake_r], [], [])
+            os.read(self._wake_r, 512)
 
     def shutdown(self, grace: float = STOP_GRACE) -> None:
         """Stop polling first (a parked poll is cut, never left to take
         commands nobody will apply), then let work already under way finish
-        within `grace`; start nothing new. Threads never started (a stop
-        asked for before the start) are left alone."""
-        log.info("stopping: %s", self.stop_reason or "asked to")
+        within `grace`; start nothing new. Threads never started are left alone."""
+        log.info("stopping: %s", self.stop_reason)
         if self._started:
             deadline = time.monotonic() + grace  # one budget for all, so the exit stays within 2 s
             left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
@@ -162,71 +157,70 @@ def main(argv=None, simulated=None) -> int:
 
 
 def run(config: Config, parent: int, host: Optional[str] = None, simulated=None) -> int:
-    """The daemon's one way through: everything it opens is closed by the
+    """The daemon's one way through: what it opens is closed by the
     ExitStack in the reverse order, however it ends; every refusal is one
     line and exit 2."""
+    turns = Turns()
+    socket_path = config.path("sock")
+    activity = Activity(
+        config.session_id, "sim" if simulated else "relay", turns,
+        files={"socket": socket_path, "log_file": config.path("log")}, host=host,
+        redactor=Redactor(config.token), stderr_dropped=lambda: logs.stderr.dropped,
+    )
+
+    def stop(reason: str) -> None:
+        # Bound late: the bridge needs it before the daemon exists.
+        daemon.request_stop(reason)
+
+    if simulated:
+        engine = simulated(turns)
+        routes = Routes(_no_relay, _no_relay, activity.snapshot, BadMessage)
+    else:
+        engine = Bridge(sys.stdout.buffer, turns, on_broken=stop)
+        routes = Routes(engine.result, engine.event, activity.snapshot, BadMessage)
+    daemon = Daemon(config, engine, turns, activity)
+
     with contextlib.ExitStack() as held:
         try:
             run_folder.ensure(config.run_dir)
-            problem = socket_too_long(config.path("sock"))
-            if problem:
-                raise BadConfig(problem)
-            logging_ = held.enter_context(Logs(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log")))
-            held.enter_context(run_folder.SessionLock(config.path("lock"), config.session_id, lock_wait(os.environ)))
-        except BadConfig as exc:
-            return _refused(exc)
-
-        turns = Turns()
-        socket_path = config.path("sock")
-        activity = Activity(
-            config.session_id, "sim" if simulated else "relay", turns,
-            files={"socket": socket_path, "log_file": config.path("log")}, host=host,
-            redactor=Redactor(config.token), stderr_dropped=lambda: logging_.stderr.dropped,
-        )
-
-        def stop(reason: str) -> None:
-            # Bound late: the bridge needs this before the daemon exists, and
-            # nothing calls it before the hello, which comes after.
-            daemon.request_stop(reason)
-
-        if simulated:
-            engine = simulated(turns)
-            routes = Routes(_no_relay, _no_relay, activity.snapshot, BadMessage)
-        else:
-            engine = Bridge(sys.stdout.buffer, turns, on_broken=stop)
-            routes = Routes(engine.result, engine.event, activity.snapshot, BadMessage)
-
-        daemon = Daemon(config, engine, turns, activity)
-        signal.set_wakeup_fd(daemon.wake_fd, warn_on_full_buffer=False)
-        for sig in STOP_SIGNALS:
-            # The handler only records; the main thread does the stopping.
-            signal.signal(sig, lambda signum, frame: daemon.request_stop(f"got {signal.Signals(signum).name}"))
-
-        def parent_died(signum, frame) -> None:
-            # Linux sends this when the *thread* that started us exits, too: only
-            # a changed parent pid means the session is gone.
-            if os.getppid() != parent:
-                daemon.request_stop("the process that started the daemon is gone")
-
-        signal.signal(PARENT_DEATH_SIGNAL, parent_died)
-        watch = ParentWatch(parent, stop, has_death_signal=set_parent_death_signal(PARENT_DEATH_SIGNAL))
-        try:
+            logs = Logs(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
+            held.callback(logs.close)
+            held.enter_context(run_folder.session_lock(config.path("lock"), config.session_id, lock_wait(os.environ)))
+            # Once the lock is ours (a daemon waiting for it still dies of
+            # a SIGTERM at once), before the socket: from here a signal only
+            # records a stop, and the way out below takes it.
+            catch_signals(daemon, parent)
             held.enter_context(UnixHttpServer(socket_path, routes))
         except BadConfig as exc:
             return _refused(exc)
         held.callback(lambda: log.info("stopped: %s", daemon.stop_reason))
 
+        watch = ParentWatch(parent, daemon.request_stop, has_death_signal=set_parent_death_signal(PARENT_DEATH_SIGNAL))
         if not simulated:
             engine.hello(socket_path)
         watch.start()
-        if not daemon.wait(0):
-            daemon.start()
+        daemon.start()
         daemon.wait()
         arm_exit_deadline(EXIT_DEADLINE)
         daemon.shutdown()
     # Threads still parked (a fork that will never answer, a lock waiter)
     # must not hold the exit: everything worth finishing has finished.
     os._exit(daemon.exit_code)
+
+
+def catch_signals(daemon: Daemon, parent: int) -> None:
+    """Each of our signals only records why the daemon stops, and wakes the main thread."""
+    signal.set_wakeup_fd(daemon.wake_fd, warn_on_full_buffer=False)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: daemon.request_stop(f"got {signal.Signals(signum).name}"))
+
+    def parent_died(signum, frame) -> None:
+        # Linux sends this when the *thread* that started us exits, too: only
+        # a changed parent pid means the session is gone.
+        if os.getppid() != parent:
+            daemon.request_stop("the process that started the daemon is gone")
+
+    signal.signal(PARENT_DEATH_SIGNAL, parent_died)
 
 
 def arm_exit_deadline(seconds: float) -> None:
@@ -256,16 +250,18 @@ def _no_relay(doc) -> None:
 
 
 def set_parent_death_signal(sig: int) -> bool:
-    """Ask the kernel to send `sig` when our parent dies (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return False
+    """Ask the kernel to send `sig` when our parent dies (Linux only), and
+    say in the log where it cannot: the parent is then checked once a second."""
     try:
-        # The interpreter's own symbols include libc's: no library search
-        # (find_library runs ldconfig, ~5 ms of the daemon's start).
+        # The interpreter's own symbols include libc's: no library search.
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0:
+            return True
+        why = os.strerror(ctypes.get_errno())
     except (OSError, AttributeError):
-        return False
+        why = "no prctl on this system"
+    log.info("no parent-death signal here (%s): the daemon checks its parent once a second", why)
+    return False
 
 
 class ParentWatch:
@@ -292,28 +288,21 @@ class ParentWatch:
 
     def _run(self) -> None:
         poller = select.poll()
-        watched = 0
-        for fd, events in ((0, select.POLLIN), (1, 0)):
-            if fd == 0 and _is_pipe(0) and _at_end(0):
-                # A stdin closed from the start (a spawn given no input) says
-                # nothing about the parent; only one closed later does.
-                continue
-            if _is_pipe(fd):
-                poller.register(fd, events)  # POLLHUP and POLLERR are always reported
-                watched += 1
-        if not watched and self._timeout_ms is None:
-            return  # nothing to watch; the death signal covers the parent
+        # A stdin closed from the start (a spawn given no input) says
+        # nothing about the parent; only one closed later does.
+        if _is_pipe(0) and not _at_end(0):
+            poller.register(0, select.POLLIN)
+        if _is_pipe(1):
+            poller.register(1, 0)  # POLLHUP and POLLERR are always reported
         while True:
             ready = poller.poll(self._timeout_ms)
             if os.getppid() != self._parent_pid:
                 return self._on_gone("the process that started the daemon is gone")
             for fd, event in ready:
-                if fd == 0 and event & select.POLLIN and not event & select.POLLHUP:
-                    if os.read(0, 65536):
-                        continue  # the relay sends nothing on stdin; ignore what comes
-                if fd == 0:
+                if fd == 1:
+                    return self._on_gone("the parent closed its end of the daemon's stdout")
+                if event != select.POLLIN or not os.read(0, 65536):  # the relay sends nothing on stdin: what comes is ignored
                     return self._on_gone("the parent closed the daemon's stdin")
-                return self._on_gone("the parent closed its end of the daemon's stdout")
 
 
 def _at_end(fd: int) -> bool:
@@ -321,11 +310,7 @@ def _at_end(fd: int) -> bool:
     probe = select.poll()
     probe.register(fd, select.POLLIN)
     ready = probe.poll(0)
-    if not ready:
-        return False
-    if ready[0][1] & select.POLLHUP and not ready[0][1] & select.POLLIN:
-        return True
-    return os.read(fd, 65536) == b"" if ready[0][1] & select.POLLIN else False
+    return bool(ready) and (ready[0][1] != select.POLLIN or not os.read(fd, 65536))
 
 
 def _is_pipe(fd: int) -> bool:

@@ -25,7 +25,7 @@ import sys
 from typing import List, Optional, Tuple
 from urllib.parse import quote, unquote, unquote_plus
 
-from .run_folder import NotOurs, open_file
+from .run_folder import open_file
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_BYTES = 1024 * 1024
@@ -44,14 +44,11 @@ REDACTED = "[token]"
 class Redactor:
     """Takes the token out of a text, in each form a URL gives it: as it is,
     quoted as the daemon quotes it (nothing safe), and as most clients would
-    (`/` left). Never in a repr or a traceback."""
+    (`/` left)."""
 
     def __init__(self, token: str):
         raw = token.encode("utf-8", "surrogatepass")
         self._forms: Tuple[str, ...] = tuple(dict.fromkeys((token, quote(raw, safe=""), quote(raw)))) if token else ()
-
-    def __repr__(self) -> str:
-        return "Redactor(...)"
 
     def redact(self, text: str) -> str:
         for form in self._forms:
@@ -140,11 +137,7 @@ class StderrLines(logging.Handler):
         nonblocking(fd)
 
     def emit(self, record: logging.LogRecord) -> None:
-        try:
-            line = self.format(record)
-        except Exception:  # a record that cannot be formatted: the log file reports it
-            line = f"lich-control: a warning that could not be formatted ({record.name})"
-        if not self.put(line):
+        if not self.put(self.format(record)):
             self.dropped += 1
 
     def put(self, line: str) -> bool:
@@ -181,10 +174,9 @@ def nonblocking(fd: int) -> None:
 
 def _same_file(fd: int, other: int) -> bool:
     try:
-        a, b = os.fstat(fd), os.fstat(other)
+        return os.path.samestat(os.fstat(fd), os.fstat(other))
     except OSError:
         return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def one_write(text: str) -> bytes:
@@ -200,21 +192,20 @@ def one_write(text: str) -> bytes:
 
 
 class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
-    """A rotating log file that is 0600 from the first byte, every rotation
-    included, and that checks its size without a stat and a second
-    formatting of each record (the base class's cost per line).
+    """A rotating log file opened only as a plain file of ours
+    (run_folder.open_file), and so 0600 from the first byte, every rotation
+    included; its size is the open stream's position, not a stat and a
+    second formatting of each record (docs/performance.md).
 
-    The file is opened only if it is a plain file of ours
-    (run_folder.open_file): at the start anything else raises NotOurs, and
-    the daemon does not start; found at a rotation, the file is given up and
-    the daemon goes on without it. A write that fails (a full disk, a file
-    size limit) loses its line. Either is said once per spell, with `say`
-    (one write to stderr, no logging): never logging's own traceback, whose
-    blocking write to a stderr nobody reads would hold the thread that logs.
-    Its state is guarded by the handler's own lock, held around `emit`.
+    At the start anything else at its name raises NotOurs, and the daemon
+    does not start. Later, a line that cannot be written (a full disk, a
+    file size limit, something not ours found at a rotation) is lost, and
+    said once until a write works again, with `say` (one write to stderr, no
+    logging): never logging's own traceback, whose blocking write to a
+    stderr nobody reads would hold the thread that logs. Its state is
+    guarded by the handler's own lock, held around `emit`.
     """
 
-    given_up = False
     _failing = False  # the last write failed; said when one that worked fails
     _why: Optional[BaseException] = None
 
@@ -232,22 +223,12 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
             self.stream = self._open()
         return self.maxBytes > 0 and self.stream.tell() >= self.maxBytes
 
-    def doRollover(self) -> None:
-        try:
-            super().doRollover()
-        except NotOurs as exc:
-            self.given_up = True
-            self.stream = open(os.devnull, "w")  # the record in hand goes nowhere; later ones stop at emit
-            self._say(f"lich-control: no more log file: {exc}")
-
     def emit(self, record: logging.LogRecord) -> None:
-        if self.given_up:
-            return
         failing = self._failing
         self._failing = False
         super().emit(record)  # a failure comes to handleError, which sets it again
         if self._failing and not failing:
-            why = errno.errorcode.get(getattr(self._why, "errno", None) or 0, type(self._why).__name__)
+            why = errno.errorcode.get(getattr(self._why, "errno", None) or 0) or str(self._why)
             self._say(f"lich-control: writing the log file {self.baseFilename} failed ({why}): its lines are lost until a write works again")
 
     def handleError(self, record: logging.LogRecord) -> None:
@@ -265,12 +246,12 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
 
 
 class Logs:
-    """The package's logging, routed to stderr and the log file; `close`
-    flushes and stops it. Records are written where they are logged: a
+    """The package's logging, routed to stderr and the log file until
+    `close`, which flushes and stops it. Records are written where they are logged: a
     listener thread would take the write off the caller, but waking it
     costs the caller more than the write."""
 
-    def __init__(self, token: str, level: Optional[str], log_path: Optional[str]):
+    def __init__(self, token: str, level: Optional[str], log_path: str):
         chosen = (level or "INFO").upper()
         if chosen not in LEVELS:
             print(f"lich-control: LICH_CONTROL_LOG_LEVEL must be one of {', '.join(LEVELS)}; using INFO", file=sys.stderr)
@@ -278,12 +259,9 @@ class Logs:
         self.stderr = StderrLines()
         self.stderr.setLevel(logging.WARNING)
         self.stderr.setFormatter(logging.Formatter("lich-control: %(message)s"))
-        self._handlers: List[logging.Handler] = [self.stderr]
-        if log_path:
-            # backslashreplace: a lone surrogate in a traceback is logged, not a logging error.
-            handler = PrivateRotatingFile(log_path, say=self.stderr.put, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8", errors="backslashreplace")
-            handler.setFormatter(logging.Formatter(FORMAT))
-            self._handlers.append(handler)
+        file = PrivateRotatingFile(log_path, say=self.stderr.put, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8")
+        file.setFormatter(logging.Formatter(FORMAT))
+        self._handlers: List[logging.Handler] = [self.stderr, file]
         self._root = logging.getLogger("lich_control")
         self._root.setLevel(chosen)
         self._root.propagate = False
@@ -303,10 +281,4 @@ class Logs:
             self._root.removeHandler(handler)
             self._wire.removeHandler(handler)
             handler.close()
-
-    def __enter__(self) -> "Logs":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 

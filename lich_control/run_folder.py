@@ -8,11 +8,13 @@ replaced (`check_socket`).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import stat
 import time
+from typing import Iterator
 
 from .config import BadConfig
 
@@ -96,44 +98,32 @@ def _refusal(path: str, problem: str) -> str:
     return f"{path} {problem}, not a file the daemon made: it will not write through it; remove it"
 
 
-class SessionLock:
-    """An exclusive lock on `<session>.lock`: one poller per session.
+class LockHeld(BadConfig):
+    """Another daemon holds the session's lock."""
+
+
+@contextlib.contextmanager
+def session_lock(path: str, session_id: str, wait: float) -> Iterator[None]:
+    """An exclusive lock on `<session>.lock`, held while in the block: one
+    poller per session.
 
     A reload can start a new daemon while the old one is still exiting, so
-    the new one tries for a bounded time; the kernel releases the lock
-    however the old one ends. The file stays, so every daemon locks the
-    same file. A context manager: entered, the lock is held or
-    `LockHeld` is raised; left, it is released.
-    """
-
-    def __init__(self, path: str, session_id: str, wait: float):
-        self.path = path
-        self.session_id = session_id
-        self.wait = wait
-        self._fd = -1
-
-    def __enter__(self) -> "SessionLock":
-        fd = open_file(self.path, os.O_RDWR | os.O_CREAT)
-        deadline = time.monotonic() + self.wait
+    the new one tries for `wait` seconds before LockHeld; the kernel
+    releases the lock however the old one ends. The file stays, so every
+    daemon locks the same file."""
+    fd = open_file(path, os.O_RDWR | os.O_CREAT)
+    try:
+        deadline = time.monotonic() + wait
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    os.close(fd)
-                    raise LockHeld(f"another daemon is still polling for session {self.session_id}; exiting") from None
+                    raise LockHeld(f"another daemon is still polling for session {session_id}; exiting") from None
                 time.sleep(LOCK_RETRY_SECONDS)
-        self._fd = fd
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
-class LockHeld(BadConfig):
-    """Another daemon holds the session's lock."""
+        yield
+    finally:
+        os.close(fd)

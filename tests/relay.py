@@ -17,7 +17,7 @@ from lich_control.unix_socket import unix_request
 class Relay:
     """The daemon started the way the relay starts it, and the relay's half of the bridge."""
 
-    def __init__(self, env, args=(), stdin=subprocess.PIPE, module="lich_control.daemon", stderr=subprocess.PIPE):
+    def __init__(self, env, args=(), stdin=subprocess.PIPE, module="lich_control.daemon", stderr=subprocess.PIPE, preexec_fn=None):
         # module: lich_dev.sim for the daemon on the simulated session; stderr:
         # a descriptor of the test's own, which then reads it itself
         self.proc = subprocess.Popen(
@@ -27,6 +27,7 @@ class Relay:
             stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=stderr,
+            preexec_fn=preexec_fn,
         )
         self.argv = _cmdline(self.proc.pid)
         self.stdout_raw = []
@@ -155,6 +156,20 @@ class Relay:
             f.write("".join(self.stderr_lines))
         with open(name + ".argv", "wb") as f:
             f.write(self.argv)
+
+
+def full_pipe():
+    """A pipe whose buffer is full, for a stream nobody reads: the next
+    blocking write to it would wait."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        while True:
+            os.write(write_fd, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_fd, True)  # the writer under test is given a plain, blocking pipe
+    return read_fd, write_fd
 
 
 def _cmdline(pid):

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from lich_control.config import BadConfig, Config, NotInLich, lock_wait, parse_port, run_dir, session_path
+from lich_control.config import BadConfig, Config, NotInLich, expected_parent, lock_wait, parse_port, run_dir, session_path
 
 FULL = {"LICH_PORT": "4242", "LICH_TOKEN": "t", "LICH_SESSION_ID": "s1", "LICH_CONTROL_RUN_DIR": "/tmp/r"}
 
@@ -62,9 +62,21 @@ def test_a_long_run_folder_falls_back_to_the_hashed_name():
     assert os.path.basename(session_path(folder, "s1", "sock")).startswith("s-")
 
 
-@pytest.mark.parametrize("name", ["LICH_TOKEN", "LICH_SESSION_ID"])
+@pytest.mark.parametrize("name", ["LICH_TOKEN", "LICH_SESSION_ID", "LICH_CONTROL_RUN_DIR"])
 def test_a_variable_whose_bytes_were_not_utf8_is_refused_without_its_value(name):
     # os.environ keeps bytes that are not UTF-8 as lone surrogates.
-    with pytest.raises(BadConfig, match=f"{name} is not valid UTF-8") as caught:
-        Config.from_env(dict(FULL, **{name: "secret-\udcff"}))
+    with pytest.raises(BadConfig, match="is not valid UTF-8") as caught:
+        Config.from_env(dict(FULL, **{name: "/secret-\udcff"}))
     assert "secret" not in str(caught.value) and "udcff" not in str(caught.value)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_socket_path_too_long_for_a_unix_socket_is_refused_naming_the_variable_to_set():
+    with pytest.raises(BadConfig, match="too long for a Unix socket; set LICH_CONTROL_RUN_DIR to a shorter folder"):
+        Config.from_env(dict(FULL, LICH_CONTROL_RUN_DIR="/tmp/" + "d" * 100))
+
+
+def test_the_parent_is_the_one_the_spawner_names_else_the_one_found_at_the_start():
+    assert (expected_parent({"LICH_CONTROL_PARENT_PID": "42"}, 7), expected_parent({}, 7)) == (42, 7)
+    with pytest.raises(BadConfig, match="^LICH_CONTROL_PARENT_PID must be the spawner's process id, not 'me'$"):
+        expected_parent({"LICH_CONTROL_PARENT_PID": "me"}, 7)
