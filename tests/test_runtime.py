@@ -19,6 +19,8 @@ import threading
 
 import pytest
 
+from fakes import Clock
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "hooks", "lich_runtime.py")
 
@@ -47,14 +49,6 @@ def write(path, text):
         f.write(text)
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1_800_000_000.0
-
-    def __call__(self):
-        return self.now
-
-
 class StandIn(runtime.Runtime):
     """Builds a stand-in environment (a file where the interpreter goes) and
     counts its builds; `fail_with` makes the next builds fail."""
@@ -64,7 +58,7 @@ class StandIn(runtime.Runtime):
         self.builds = 0
         self.fail_with = None
         self.broken = set()  # interpreters that no longer run the daemon
-        super().__init__(data, plugin, self.said.append, now=clock or Clock())
+        super().__init__(data, plugin, self.said.append, now=clock or Clock(1_800_000_000.0))
 
     def create_venv(self, env):
         self.builds += 1
@@ -141,7 +135,7 @@ def test_an_environment_that_no_longer_runs_the_daemon_is_built_again(plugin, da
 
 
 def test_a_failure_is_remembered_for_an_hour_then_tried_again(plugin, data):
-    clock = Clock()
+    clock = Clock(1_800_000_000.0)
     setup = StandIn(data, plugin, clock)
     setup.fail_with = "pip could not install lich-control: the package index could not be reached"
     with pytest.raises(runtime.SetupFailed) as first:
