@@ -16,8 +16,7 @@ import requests
 
 from fakes import Clock
 from lich_dev.lich import AckAnswer, Answer, NotPolling, Refused, StubLich
-from lich_dev.rules import PLUGIN_TOO_OLD
-from lich_dev.state import ACKED, DELIVERED, ENDED
+from lich_dev.state import ENDED
 
 WAIT = 5.0
 
@@ -57,13 +56,6 @@ def first_poll(http, lich, session_id="s1", plugin="0.16.0"):
         lich.hold = held
 
 
-def delivered(http, lich, command, session_id="s1"):
-    """Queue a command and have a poll carry it; its id."""
-    cid = lich.queue(session_id, command)
-    assert [c["id"] for c in poll(http, lich, session_id).json()] == [cid]
-    return cid
-
-
 # -- requests lich refuses ------------------------------------------------------------
 
 
@@ -90,15 +82,6 @@ def test_an_ack_is_read_to_lichs_64_kib_cut_and_the_connection_lives_on(http, li
     assert (resp.status_code, resp.text) == (400, "body must be a JSON object\n")
     assert post_ack(http, lich, ack("m2")).status_code == 204
     assert lich.acks_received == 2
-
-
-def test_a_lich_newer_than_the_mod_takes_the_ack_of_its_newer_kind(http, clock):
-    with StubLich(clock=clock, newer_kinds={"rewind": ("to",)}) as lich:
-        first_poll(http, lich)
-        cid = delivered(http, lich, {"kind": "rewind", "to": "t1"})
-        assert post_ack(http, lich, ack(cid, "rewind", ok=False, error="unknown kind")).status_code == 204
-        outcome = lich.wait(cid, WAIT)
-    assert outcome.state == ACKED and outcome.error == PLUGIN_TOO_OLD
 
 
 # -- polls: modQueue.take, transport.modCommands ------------------------------------------
@@ -142,15 +125,6 @@ def test_queueing_refuses_what_lich_refuses_before_anything_is_queued(http, lich
 # -- the attach window (enqueue: errModDetached) ---------------------------------------------
 
 
-def test_queueing_for_a_session_that_never_polled_is_refused_naming_what_to_fix(lich):
-    with pytest.raises(NotPolling) as err:
-        lich.queue("s1", {"kind": "abort"})
-    said = str(err.value)
-    assert said.startswith("session s1 cannot take commands: no mod has ever polled for it.")
-    assert f"LICH_PORT={lich.port}" in said and "LICH_SESSION_ID=s1" in said and "mods on" in said
-    assert lich.token not in said
-
-
 def test_queueing_is_refused_once_the_mod_has_not_polled_for_30_s(http, lich, clock):
     # attachWindow = modPollWait + modRepollGrace; refused when now - lastSeen > it
     first_poll(http, lich)
@@ -173,23 +147,7 @@ def test_a_mod_that_hung_up_its_held_poll_is_not_polling_and_the_poll_is_recorde
         lich.queue("s1", {"kind": "abort"})
 
 
-# -- the caller's wait (await, withdrawLocked, settle) ------------------------------------------
-
-
-def test_an_ack_settles_the_wait_and_a_second_another_sessions_or_one_after_the_wait_changes_nothing(http, lich):
-    first_poll(http, lich)
-    late = delivered(http, lich, {"kind": "abort"})
-    assert lich.wait(late, 0).state == DELIVERED  # delivered, not acked in time
-    assert post_ack(http, lich, ack(late)).status_code == 204
-    assert lich.wait(late, 0).ack is None
-    cid = delivered(http, lich, {"kind": "effort", "effort": "turbo"})
-    first = ack(cid, "effort", ok=False, error="unknown effort")
-    assert post_ack(http, lich, dict(first, session_id="s2")).status_code == 204  # settle: not this session's
-    assert post_ack(http, lich, first).status_code == 204
-    assert post_ack(http, lich, dict(first, error="later")).status_code == 204
-    outcome = lich.wait(cid, WAIT)
-    assert (outcome.state, outcome.ack, outcome.ok, outcome.error) == (ACKED, first, False, "unknown effort")
-    assert outcome.took_s is not None and lich.stray_acks == 3
+# -- the caller's wait (await) ------------------------------------------
 
 
 def test_close_lets_a_waiter_go_at_once_and_answers_a_last_poll_then_hangs_up(http, lich, background):
