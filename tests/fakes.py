@@ -29,6 +29,16 @@ class Timeline:
             return list(self._entries)
 
 
+class Clock:
+    """A clock that stands still until the test moves `now`."""
+
+    def __init__(self, now=1000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
 class ScriptedClient:
     """A LichClient whose polls follow a script and whose acks are recorded.
 

@@ -158,6 +158,14 @@ class Relay:
             f.write(self.argv)
 
 
+def started(relay, lich, **kw):
+    """A daemon from the `relay` fixture, past its hello and holding a poll at lich."""
+    r = relay(**kw)
+    r.wait_hello()
+    assert lich.wait_polled("s1", 10.0, parked=True)
+    return r
+
+
 def full_pipe():
     """A pipe whose buffer is full, for a stream nobody reads: the next
     blocking write to it would wait."""

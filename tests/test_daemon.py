@@ -19,6 +19,7 @@ import pytest
 from lich_control import __version__
 from lich_dev import procs
 from lich_dev.lich import NotPolling
+from relay import started
 
 EXIT_WITHIN = 2.0
 WAIT = 10.0
@@ -255,13 +256,6 @@ def test_a_refusal_once_the_log_and_the_lock_are_open_is_one_line_exit_2_and_no_
 # -- the start: the hello, the files, what the environment decides --------------------
 
 
-def started(relay, lich, **kw):
-    r = relay(**kw)
-    r.wait_hello()
-    assert lich.wait_polled("s1", WAIT, parked=True)
-    return r
-
-
 def test_the_hello_line_comes_once_the_socket_listens(relay, run_dir):
     r = relay()
     hello = r.wait_hello()
@@ -277,14 +271,6 @@ def test_the_status_names_the_program_the_relay_runs_in(relay, args, host):
     r = relay(args=args)
     r.wait_hello()
     assert r.status()["daemon"]["host"] == host
-
-
-def test_the_run_folder_is_0700_and_the_socket_0600(relay, tmp_path):
-    folder = tmp_path / "made-by-daemon"
-    r = relay(env={"LICH_CONTROL_RUN_DIR": str(folder)})
-    hello = r.wait_hello()
-    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(hello["socket"]).st_mode) == 0o600
 
 
 def test_outside_lich_it_exits_0_silently_and_never_polls(daemon_env, lich):

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from lich_dev import procs
-from lich_dev.cli import RUNTIME_NAME, describe_failure, parser, write_runtime
+from lich_dev.cli import RUNTIME_NAME, describe_failure, write_runtime
 from lich_dev.lich import StubLich
 from lich_dev.state import DELIVERED, ENDED, WITHDRAWN, Outcome
 from lich_dev.procs import ROOT
@@ -113,21 +113,6 @@ def test_the_options_name_the_stub_when_no_runtime_file_does(world, tmp_path):
     lich, _ = world
     done = cli(str(tmp_path), "control", "--port", str(lich.port), "--token", lich.token, "s1", "model", "sim-opus")
     assert done.returncode == 0, done.stderr
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        "--port 7 --token T --timeout 3 --json control s1 prompt hi",
-        "control --port 7 --token T --timeout 3 --json s1 prompt hi",
-        "control s1 --port 7 --token T prompt --timeout 3 --json hi",
-        "control s1 prompt hi --port 7 --token T --timeout 3 --json",
-        "--port 7 control s1 --token T prompt --timeout 3 hi --json",
-    ],
-)
-def test_each_place_an_option_may_be_written_gives_the_same_command(argv):
-    args = vars(parser().parse_args(argv.split()))
-    assert args == dict(port=7, token="T", timeout=3.0, json=True, verb="control", session="s1", kind="prompt", text=["hi"], notify=None)
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,8 @@ import threading
 
 import pytest
 
+from fakes import Clock
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "hooks", "lich_runtime.py")
 
@@ -47,14 +49,6 @@ def write(path, text):
         f.write(text)
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1_800_000_000.0
-
-    def __call__(self):
-        return self.now
-
-
 class StandIn(runtime.Runtime):
     """Builds a stand-in environment (a file where the interpreter goes) and
     counts its builds; `fail_with` makes the next builds fail."""
@@ -64,7 +58,7 @@ class StandIn(runtime.Runtime):
         self.builds = 0
         self.fail_with = None
         self.broken = set()  # interpreters that no longer run the daemon
-        super().__init__(data, plugin, self.said.append, now=clock or Clock())
+        super().__init__(data, plugin, self.said.append, now=clock or Clock(1_800_000_000.0))
 
     def create_venv(self, env):
         self.builds += 1
@@ -141,7 +135,7 @@ def test_an_environment_that_no_longer_runs_the_daemon_is_built_again(plugin, da
 
 
 def test_a_failure_is_remembered_for_an_hour_then_tried_again(plugin, data):
-    clock = Clock()
+    clock = Clock(1_800_000_000.0)
     setup = StandIn(data, plugin, clock)
     setup.fail_with = "pip could not install lich-control: the package index could not be reached"
     with pytest.raises(runtime.SetupFailed) as first:
@@ -205,16 +199,6 @@ def test_two_runs_at_once_take_turns_and_the_second_uses_what_the_first_built(pl
     assert results["first"][1] is True
     assert results["second"] == (results["first"][0], False)
     assert (first.builds, second.builds) == (1, 0)
-
-
-def test_a_python_older_than_the_package_needs_is_named_with_its_version(tmp_path, data):
-    plugin = make_plugin(str(tmp_path / "plugin"), requires=">=99.0")
-    setup = runtime.Runtime(data, plugin, lambda text: None)
-    with pytest.raises(runtime.SetupFailed) as failure:
-        setup.ensure()
-    assert str(failure.value) == "{} is Python {}, and lich-control needs 99.0 or later".format(
-        sys.executable, runtime.version_text())
-    assert not any(name.startswith("env-") for name in os.listdir(data))
 
 
 @pytest.mark.parametrize("output, problem", [
@@ -372,13 +356,11 @@ def test_the_program_answers_a_failure_in_one_json_line_that_says_what_to_do(tmp
     assert set(result) == {"ok", "error"} and result["ok"] is False
     error = result["error"]
     assert "\n" not in error
-    assert "lich-control needs 99.0 or later" in error
+    assert "{} is Python {}, and lich-control needs 99.0 or later".format(sys.executable, runtime.version_text()) in error
     assert "Set the plugin's python option" in error and "docs/install.md" in error
     assert "{} --data {} --retry".format(script, data) in error
     assert "Traceback" not in stderr
-
-    code, again, _ = run_script(script, "--data", data)
-    assert code == 1 and "tried again after" in again["error"]
+    assert not any(name.startswith("env-") for name in os.listdir(data))
 
 
 def test_the_program_takes_its_data_folder_from_claude_code(tmp_path, data):

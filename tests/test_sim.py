@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from lich_control.bridge import Turns
-from lich_dev.sim import DEFAULT_EFFORT, DEFAULT_MODEL, FORK_FAILURES, SimEngine
+from lich_dev.sim import SimEngine
 
 LONG = 60.0
 WAIT = 5.0
@@ -104,42 +104,12 @@ def test_an_abort_naming_no_running_turn_is_rejected_and_leaves_the_turn_alone(m
     assert turns.current == "t1"
 
 
-def test_a_prompt_starting_drop_is_dropped_with_its_reason(make):
-    engine, turns, _ = make()
-    result = prompt(engine, "drop: a plugin said no").result(WAIT)
-    assert result.ok and result.value == {"drop": "a plugin said no"}
-    assert turns.current is None
-
-
-def test_every_request_is_recorded_with_the_overrides_in_force(make):
-    engine, _, lines = make(turn_seconds=0.0, steps=2)
-    overrides(engine, "m-x", "high").result(WAIT)
-    prompt(engine, "one").result(WAIT)
-    lines.wait_for("turn t1 answered")
-    overrides(engine).result(WAIT)
-    prompt(engine, "two").result(WAIT)
-    lines.wait_for("turn t2 answered")
-    assert engine.steps_sent == [
-        {"turn": "t1", "index": 0, "model": "m-x", "effort": "high"},
-        {"turn": "t1", "index": 1, "model": "m-x", "effort": "high"},
-        {"turn": "t2", "index": 0, "model": DEFAULT_MODEL, "effort": DEFAULT_EFFORT},
-        {"turn": "t2", "index": 1, "model": DEFAULT_MODEL, "effort": DEFAULT_EFFORT},
-    ]
-
-
 def test_a_fork_answers_beside_the_running_turn(make):
     engine, turns, _ = make()
     prompt(engine, "write the changelog").result(WAIT)
     result = fork(engine, "preamble\n\nQuestion: what now?").result(WAIT)
     assert result.ok and result.value["isAnswered"] is True and "turn t1" in result.value["text"]
     assert turns.current == "t1"  # the turn was not disturbed
-
-
-@pytest.mark.parametrize("reason", sorted(FORK_FAILURES))
-def test_a_fork_told_to_fail_fails_with_that_reason(make, reason):
-    engine, _, _ = make()
-    result = fork(engine, f"Question: please fail:{reason}").result(WAIT)
-    assert result.ok and result.value["isAnswered"] is False and result.value["reason"] == reason
 
 
 def test_close_fails_what_waits_and_every_call_after(make):
@@ -151,6 +121,3 @@ def test_close_fails_what_waits_and_every_call_after(make):
     assert [f.result(WAIT).error for f in [waiting] + later] == ["the daemon is stopping"] * 6
 
 
-def test_a_method_it_does_not_have_is_rejected(make):
-    engine, _, _ = make()
-    assert engine.call("turn.rewind", {}, None).result(WAIT).error == "this session has no method turn.rewind"
