@@ -212,10 +212,6 @@ export class World {
     return this.until(() => this.results().length >= count)
   }
 
-  untilEvents(count: number) {
-    return this.until(() => this.events().length >= count)
-  }
-
   untilLogged(text: string) {
     return this.until(() => this.logs.some(line => line.includes(text)))
   }
