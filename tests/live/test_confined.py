@@ -53,11 +53,11 @@ from claude_world import ClaudeSession, World
 from devlich import Lich, python
 from processes import argv_of, pid_ended
 from sandbox import BWRAP_ENV, USER_ENV, User, binary_dirs, profile
+from test_install import MARKETPLACE, data_folder, environments
 from test_session import assert_acked_ok, assert_answered, check_model_override, main_request, send
 from workspace import PLUGIN_NAME, python_option
 from world import lich_env
 
-MARKETPLACE = "lich-control"
 PLUGIN_ID = f"{PLUGIN_NAME}@{MARKETPLACE}"
 GIT_URL = "https://git.example.invalid/lich-control.git"
 FIRST, SECOND, LOCAL = "confined-1", "confined-2", "confined-local"
@@ -259,15 +259,6 @@ def world(claude):
         world.ws.write_file("home/.gitconfig", f'[url "file://{bare}"]\n\tinsteadOf = {GIT_URL}\n')
         world.hand_over(world.ws.home)
         yield world
-
-
-def data_folder(world):
-    return os.path.join(world.ws.home, ".claude", "plugins", "data", f"{PLUGIN_NAME}-{MARKETPLACE}")
-
-
-def environments(world):
-    folder = data_folder(world)
-    return sorted(name for name in os.listdir(folder) if name.startswith("env-")) if os.path.isdir(folder) else []
 
 
 def exit_session(world, session):
