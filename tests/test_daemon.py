@@ -19,7 +19,6 @@ import pytest
 from lich_control import __version__
 from lich_dev import procs
 from lich_dev.lich import NotPolling
-from relay import started
 
 EXIT_WITHIN = 2.0
 WAIT = 10.0
@@ -284,16 +283,6 @@ def test_a_bad_environment_exits_2_with_one_line_and_no_request(daemon_env, lich
     assert (done.returncode, done.stdout) == (2, b"")
     assert done.stderr == b"lich-control: LICH_PORT must be a port number from 1 to 65535, not 'http'\n"
     assert lich.record.polls == [] and os.listdir(run_dir) == []
-
-
-@pytest.mark.parametrize("level, logged", [(None, True), ("WARNING", False)])
-def test_the_log_file_holds_each_ack_at_the_default_level_and_none_at_warning(relay, lich, run_dir, level, logged):
-    r = started(relay, lich, env={"LICH_CONTROL_LOG_LEVEL": level} if level else {})
-    lich.queue("s1", {"id": "m12", "kind": "rewind"})
-    lich.record.wait_acks(1)
-    r.stop()
-    with open(os.path.join(run_dir, "s1.log")) as f:
-        assert ("acked m12 (rewind): failed: unknown kind" in f.read()) == logged
 
 
 def parent_death_signal_allowed():

@@ -263,27 +263,25 @@ def test_an_answer_in_two_byte_chunks_costs_its_size_not_an_object_per_chunk(raw
     assert len(body) == 64 * 1024 and peak < 512 * 1024, f"reading 64 KiB took {peak / 2**10:.0f} KiB"
 
 
+# One answer per phrase `_phrase` sorts a parser's refusal into.
 NOT_HTTP = {
-    "garbage": b"garbage\r\n\r\n",
-    "bad-status-code": b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\n[]",
-    "too-many-headers": b"HTTP/1.1 200 OK\r\n" + b"".join(b"H%d: v\r\n" % i for i in range(120)) + b"\r\n[]",
-    "header-too-long": b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n[]",
-    "two-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]",
-    "truncated": b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n[]",
-    "bad-gzip": b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nabcd",
-    **{
-        f"chunk-size-{size.decode() or 'empty'}": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\n[]\r\n0\r\n\r\n"
-        for size in (b"-ffffffffffffffffffff", b"zz", b"", b"ffffffffffffffffffff")
-    },
+    "garbage": (b"garbage\r\n\r\n", "lich's answer was not HTTP"),
+    "two-lengths": (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n[]", "lich's answer was not HTTP"),
+    "truncated": (b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n[]", "lich's answer broke off"),
+    "bad-gzip": (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nabcd", "lich's answer could not be decoded"),
+    "negative-chunk-size": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-ffffffffffffffffffff\r\n[]\r\n0\r\n\r\n",
+        "the exchange with lich failed (OverflowError)",
+    ),
 }
 
 
-@pytest.mark.parametrize("answer", list(NOT_HTTP.values()), ids=list(NOT_HTTP))
-def test_an_answer_a_parser_refuses_is_a_failed_exchange_never_an_escape(raw, answer):
+@pytest.mark.parametrize("answer, phrase", list(NOT_HTTP.values()), ids=list(NOT_HTTP))
+def test_an_answer_a_parser_refuses_is_a_failed_exchange_never_an_escape(raw, answer, phrase):
     client = raw(answer)
-    with pytest.raises(PollFailed, match=r"^(lich's answer (was not HTTP|broke off|could not be decoded)|the exchange with lich failed \(OverflowError\))$") as caught:
+    with pytest.raises(PollFailed) as caught:
         client.poll()
-    assert caught.value.__cause__ is not None
+    assert str(caught.value) == phrase and caught.value.__cause__ is not None
     with pytest.raises(AckFailed) as caught:
         client.ack(ACK)
     assert not caught.value.refused
@@ -296,14 +294,6 @@ def test_a_content_length_of_latin_1_digits_is_read_past_not_an_escape(raw):
         client.poll()
     with pytest.raises(AckFailed, match="^lich refused it: 400 nope$"):
         client.ack(ACK)
-
-
-@pytest.mark.parametrize("status", [101, 302, 304])
-def test_an_ack_answered_neither_2xx_nor_4xx_is_not_a_refusal(raw, status):
-    client = raw(b"HTTP/1.1 %d Odd\r\nContent-Length: 4\r\nConnection: close\r\n\r\nodd!" % status)
-    with pytest.raises(AckFailed, match=rf"^lich refused it: {status} (odd!|Odd)$") as caught:  # 1xx, 304: no body
-        client.ack(ACK)
-    assert not caught.value.refused
 
 
 # -- the token goes to a program of our own user only -------------------------------------------

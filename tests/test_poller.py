@@ -81,8 +81,6 @@ def test_a_200_array_hands_every_command_on_and_polls_again_at_once(mocked):
 FAILED = {
     "not-an-array": ({"a": 1}, {}, "lich's answer is JSON but not an array"),
     "not-json": (b"[{", {}, "lich's answer is not JSON"),
-    "cut-after-two-items": (b'[{"id": "m1", "kind": "abort"}, {"id": "m2", "kind": "abort"}, {"id"', {}, "lich's answer is not JSON"),
-    "not-unicode": (b'[{"id": "m1", "kind": "prompt", "text": "\xff"}]', {}, "lich's answer is not JSON"),
     "nested-too-deep": (b"[" * 5000 + b"]" * 5000, {}, "lich's answer is nested deeper than Python reads"),
     "too-many-values": (b"[" + b",".join([b"{}"] * MAX_VALUES) + b"]", {}, f"lich's answer was not read: the body holds more than {MAX_VALUES:,} JSON values"),
     "500": (b"oops", {"status": 500}, "lich answered 500"),

@@ -134,16 +134,14 @@ def test_a_burst_of_concurrent_connections_is_never_refused(server):
     "method, url, body, status, text",
     [
         ("POST", "/v1/result", b"{", 400, b"the body is not JSON\n"),
-        ("POST", "/v1/result", b'{"id": "\xff"}', 400, b"the body is not JSON\n"),
         ("POST", "/v1/result", b"[" * 5000 + b"]" * 5000, 400, b"the body is not JSON\n"),
         ("POST", "/v1/result", b"[" + b"0," * MAX_VALUES + b"0]", 400, f"the body holds more than {MAX_VALUES:,} JSON values\n".encode()),
         ("POST", "/v1/result", b"{}", 400, b"id must be a string\n"),
         ("GET", "/v1/result", None, 405, b"method not allowed\n"),
-        ("DELETE", "/v1/status", None, 405, b"method not allowed\n"),
         ("PUT", "/v1/event", b"{}", 405, b"method not allowed\n"),
         ("GET", "/nowhere", None, 404, b"no such path\n"),
     ],
-    ids=["not-json", "not-utf8", "deeper-than-the-stack", "too-many-values", "wrong-shape", "get", "delete", "put", "elsewhere"],
+    ids=["not-json", "deeper-than-the-stack", "too-many-values", "wrong-shape", "get", "put", "elsewhere"],
 )
 def test_refusals_say_why_in_one_line_and_the_connection_goes_on(server, method, url, body, status, text):
     conn = UnixConnection(server.path)
