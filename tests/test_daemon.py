@@ -20,6 +20,8 @@ from lich_control import __version__
 from lich_dev import procs
 from lich_dev.lich import NotPolling
 
+from relay import started
+
 EXIT_WITHIN = 2.0
 WAIT = 10.0
 ROOT = procs.ROOT
@@ -299,6 +301,13 @@ def test_the_log_says_so_when_the_parent_is_watched_without_a_death_signal(relay
     with open(os.path.join(run_dir, "s1.log")) as f:
         said = "no parent-death signal here (Invalid argument): the daemon checks its parent once a second" in f.read()
     assert said == (not parent_death_signal_allowed())
+
+
+@pytest.mark.parametrize("level, written", [("INFO", True), ("WARNING", False)])
+def test_the_log_level_comes_from_the_environment(relay, lich, run_dir, level, written):
+    started(relay, lich, env={"LICH_CONTROL_LOG_LEVEL": level}).stop()
+    with open(os.path.join(run_dir, "s1.log")) as f:
+        assert ("polling lich on port" in f.read()) == written
 
 
 # -- the daemon exits within 2 s whatever its pipes do ----------------------
