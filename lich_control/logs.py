@@ -22,6 +22,7 @@ import os
 import select
 import stat
 import sys
+import threading
 from typing import List, Optional, Tuple
 from urllib.parse import quote, unquote, unquote_plus
 
@@ -275,8 +276,19 @@ class Logs:
             handler.addFilter(safe)
             self._root.addHandler(handler)
             self._wire.addHandler(handler)
+        # Python's own hooks print an exception nothing caught straight to
+        # stderr, past the filter: its text may quote a URL, and so the token.
+        self._hooks = threading.excepthook, sys.excepthook
+        threading.excepthook = self._uncaught_in_thread
+        sys.excepthook = lambda *exc: self._root.error("the daemon failed", exc_info=exc)
+
+    def _uncaught_in_thread(self, args) -> None:
+        if not issubclass(args.exc_type, SystemExit):
+            name = args.thread.name if args.thread else "a thread"
+            self._root.error("%s died", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
     def close(self) -> None:
+        threading.excepthook, sys.excepthook = self._hooks
         for handler in self._handlers:
             self._root.removeHandler(handler)
             self._wire.removeHandler(handler)

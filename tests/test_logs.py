@@ -6,6 +6,7 @@ import os
 import select
 import signal
 import sys
+import threading
 from urllib.parse import quote
 
 import pytest
@@ -71,6 +72,21 @@ def test_the_token_never_reaches_a_log_line(tmp_path, capfd):
     written = written_by(tmp_path, lines) + capfd.readouterr().err
     assert "[token]" in written and "boom" in written and "quoted: [token]" in written
     assert SECRET not in written and quote(SECRET, safe="") not in written
+
+
+def test_an_exception_no_thread_caught_is_logged_without_the_token(tmp_path, capfd):
+    def lines(log):
+        def fail():
+            raise ConnectionError(f"http://127.0.0.1:1/mod/commands?token={SECRET}")
+
+        thread = threading.Thread(target=fail, name="lich-poller")
+        thread.start()
+        thread.join(WAIT)
+
+    written = written_by(tmp_path, lines)
+    said = capfd.readouterr().err
+    assert "lich-poller died" in written and "token=[token]" in written and "lich-poller died" in said
+    assert SECRET not in written + said and quote(SECRET, safe="") not in written + said
 
 
 def test_a_newline_or_a_bidirectional_mark_in_an_id_cannot_forge_a_line_and_a_traceback_keeps_its_lines(tmp_path):
