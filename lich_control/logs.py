@@ -22,6 +22,7 @@ import os
 import select
 import stat
 import sys
+import threading
 from typing import List, Optional, Tuple
 from urllib.parse import quote, unquote, unquote_plus
 
@@ -275,8 +276,19 @@ class Logs:
             handler.addFilter(safe)
             self._root.addHandler(handler)
             self._wire.addHandler(handler)
+        # Python's own hooks write an uncaught exception to stderr as it is,
+        # and a requests error names its URL, and so the token: through the filter instead.
+        self._hooks = sys.excepthook, threading.excepthook
+        sys.excepthook = lambda *exc_info: self._root.error("uncaught exception", exc_info=exc_info)
+        threading.excepthook = self._uncaught_in_thread
+
+    def _uncaught_in_thread(self, args) -> None:
+        if args.exc_type is not SystemExit:  # as the default hook: a thread's sys.exit() is no fault
+            name = args.thread.name if args.thread is not None else "?"
+            self._root.error("uncaught exception in thread %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
     def close(self) -> None:
+        sys.excepthook, threading.excepthook = self._hooks
         for handler in self._handlers:
             self._root.removeHandler(handler)
             self._wire.removeHandler(handler)
