@@ -142,8 +142,7 @@ class StderrLines(logging.Handler):
             self.dropped += 1
 
     def put(self, line: str) -> bool:
-        """One line out at once, or False. Any thread, no lock: one write of
-        at most PIPE_BUF bytes is never interleaved with another."""
+        """One line out at once, or False. Any thread, no lock: see above."""
         data = one_write(line)
         try:
             return os.write(self._fd, data) == len(data)
@@ -195,8 +194,7 @@ def one_write(text: str) -> bytes:
 class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
     """A rotating log file opened only as a plain file of ours
     (run_folder.open_file), and so 0600 from the first byte, every rotation
-    included; its size is the open stream's position, not a stat and a
-    second formatting of each record (docs/performance.md).
+    included.
 
     At the start anything else at its name raises NotOurs, and the daemon
     does not start. Later, a line that cannot be written (a full disk, a
@@ -219,7 +217,8 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
         return open(fd, "a", encoding=self.encoding, errors=self.errors)
 
     def shouldRollover(self, record: logging.LogRecord) -> bool:
-        # One line past the limit is allowed: the open stream's position is the size.
+        # The open stream's position is the size: no stat, no second
+        # formatting of the record. One line past the limit is allowed.
         if self.stream is None:
             self.stream = self._open()
         return self.maxBytes > 0 and self.stream.tell() >= self.maxBytes
@@ -248,9 +247,8 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
 
 class Logs:
     """The package's logging, routed to stderr and the log file until
-    `close`, which flushes and stops it. Records are written where they are logged: a
-    listener thread would take the write off the caller, but waking it
-    costs the caller more than the write."""
+    `close`, which flushes and stops it. Records are written in the thread
+    that logs them: no listener thread (docs/performance.md)."""
 
     def __init__(self, token: str, level: Optional[str], log_path: str):
         chosen = (level or "INFO").upper()
