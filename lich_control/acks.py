@@ -106,20 +106,15 @@ def _encode(doc: dict) -> bytes:
 
 
 class Acks:
-    """Sends each ack once: `send` in the caller's thread, `send_when_done`
-    from the ack thread once a call's Future settles.
+    """Sends each ack once: `send` in the caller's thread (the worker's, which
+    awaits it), `send_when_done` from the ack thread once a call's Future settles.
 
-    The worker sends its abort, model, effort and refusal acks itself and
-    waits for each: every such ack is awaited before the next command
-    (contract, Order). A prompt's, a slash command's or an ask's ack is due
-    when its call settles, in the thread that settled it, and an ack's POST
-    may take 10 s. That thread must not wait so long, by two rules: it is
-    the socket's, answering the relay's POST /v1/result, and the relay's
-    results must all be taken (bridge.md: "no result is refused"); or it is
+    A settled call's ack has a thread of its own, acks going in the order
+    their calls settled, because an ack's POST may take 10 s and the thread
+    that settled the call must not wait so long: it is the socket's, and the
+    relay's results must all be taken (bridge.md: "no result is refused"), or
     the deadline thread, which keeps the deadline of the abort the worker
-    awaits. So those acks go from one thread of their own, in the order
-    their calls settled. The executor and each sending thread's lich client
-    are this object's.
+    awaits. The executor and each sending thread's lich client are this object's.
     """
 
     def __init__(self, client_factory: Callable[[], LichClient], activity: Activity):

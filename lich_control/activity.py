@@ -5,13 +5,10 @@ senders their commands); one lock guards it all, held only to copy a few
 fields. The document gives ages, not clock readings (but the start's wall
 time, for people).
 
-Every string from outside is cleaned once, as it enters, by logs.Redactor
-(built from the token): lich chooses ids and the texts of its refusals,
-and the relay the texts of its errors, and none of them may bring the
-token, a terminal's escape, an invisible or bidirectional character or a
-lone surrogate into the document, nor make it grow. What leaves is shown
-as it is, by lich-mod-status too. `in_flight` lists the oldest
-`SHOWN_IN_FLIGHT`: a burst of asks may keep a thousand in flight.
+Every string from outside (ids, lich's refusals, the relay's errors) is
+cleaned once, as it enters, by logs.Redactor, so what leaves is shown as it
+is, by lich-mod-status too. `in_flight` lists the oldest `SHOWN_IN_FLIGHT`:
+a burst of asks may keep a thousand in flight.
 """
 from __future__ import annotations
 
@@ -80,7 +77,7 @@ class Activity:
             else:
                 self._poll["retry_at"] = None
 
-    def poll_answered(self, count: int) -> None:
+    def poll_answered(self) -> None:
         with self._lock:
             self._polls += 1
             self._last_answer = time.monotonic()

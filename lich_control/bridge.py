@@ -212,7 +212,6 @@ class Bridge:
         return future
 
     def close(self, reason: str) -> None:
-        """Fail every call still waiting; later calls fail at once with `reason`."""
         self._calls.close(reason)
 
     def _write(self, message: dict) -> None:

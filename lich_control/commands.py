@@ -25,7 +25,6 @@ FIELDS = {
     "command": ("name", "args"),
     "ask": ("question",),
 }
-KINDS = tuple(FIELDS)
 REQUIRED = {"prompt": "text", "command": "name", "ask": "question"}
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
@@ -104,7 +103,7 @@ class Command:
         if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
             return None
         cid, kind = item["id"], item.get("kind")
-        if kind not in KINDS:
+        if kind not in FIELDS:
             echoed = kind if isinstance(kind, str) and kind else "unknown"
             return cls(id=cid, kind=echoed, problem=UNKNOWN_KIND if echoed == kind else "the command has no kind")
         try:

@@ -168,15 +168,12 @@ def run(config: Config, parent: int, host: Optional[str] = None, simulated=None)
         redactor=Redactor(config.token), stderr_dropped=lambda: logs.stderr.dropped,
     )
 
-    def stop(reason: str) -> None:
-        # Bound late: the bridge needs it before the daemon exists.
-        daemon.request_stop(reason)
-
     if simulated:
         engine = simulated(turns)
         routes = Routes(_no_relay, _no_relay, activity.snapshot, BadMessage)
     else:
-        engine = Bridge(sys.stdout.buffer, turns, on_broken=stop)
+        # Bound late: the bridge needs it before the daemon exists.
+        engine = Bridge(sys.stdout.buffer, turns, on_broken=lambda reason: daemon.request_stop(reason))
         routes = Routes(engine.result, engine.event, activity.snapshot, BadMessage)
     daemon = Daemon(config, engine, turns, activity)
 

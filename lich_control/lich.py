@@ -313,10 +313,6 @@ class _DeadlineSocket(socket.socket):
         self._cap()
         return super().recv_into(*args)
 
-    def recv(self, *args: Any) -> bytes:
-        self._cap()
-        return super().recv(*args)
-
     def sendall(self, *args: Any) -> None:
         self._cap()
         super().sendall(*args)

@@ -142,8 +142,7 @@ class StderrLines(logging.Handler):
             self.dropped += 1
 
     def put(self, line: str) -> bool:
-        """One line out at once, or False. Any thread, no lock: one write of
-        at most PIPE_BUF bytes is never interleaved with another."""
+        """One line out at once, or False. Any thread, no lock: see above."""
         data = one_write(line)
         try:
             return os.write(self._fd, data) == len(data)
@@ -195,8 +194,7 @@ def one_write(text: str) -> bytes:
 class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
     """A rotating log file opened only as a plain file of ours
     (run_folder.open_file), and so 0600 from the first byte, every rotation
-    included; its size is the open stream's position, not a stat and a
-    second formatting of each record (docs/performance.md).
+    included.
 
     At the start anything else at its name raises NotOurs, and the daemon
     does not start. Later, a line that cannot be written (a full disk, a
@@ -219,7 +217,8 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
         return open(fd, "a", encoding=self.encoding, errors=self.errors)
 
     def shouldRollover(self, record: logging.LogRecord) -> bool:
-        # One line past the limit is allowed: the open stream's position is the size.
+        # The open stream's position is the size: no stat, no second
+        # formatting of the record. One line past the limit is allowed.
         if self.stream is None:
             self.stream = self._open()
         return self.maxBytes > 0 and self.stream.tell() >= self.maxBytes
@@ -248,9 +247,8 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
 
 class Logs:
     """The package's logging, routed to stderr and the log file until
-    `close`, which flushes and stops it. Records are written where they are logged: a
-    listener thread would take the write off the caller, but waking it
-    costs the caller more than the write."""
+    `close`, which flushes and stops it. Records are written in the thread
+    that logs them: no listener thread (docs/performance.md)."""
 
     def __init__(self, token: str, level: Optional[str], log_path: str):
         chosen = (level or "INFO").upper()
@@ -276,19 +274,19 @@ class Logs:
             handler.addFilter(safe)
             self._root.addHandler(handler)
             self._wire.addHandler(handler)
-        # Python's own hooks print an exception nothing caught straight to
-        # stderr, past the filter: its text may quote a URL, and so the token.
-        self._hooks = threading.excepthook, sys.excepthook
+        # Python's own hooks write an uncaught exception to stderr as it is,
+        # and a requests error names its URL, and so the token: through the filter instead.
+        self._hooks = sys.excepthook, threading.excepthook
+        sys.excepthook = lambda *exc_info: self._root.error("uncaught exception", exc_info=exc_info)
         threading.excepthook = self._uncaught_in_thread
-        sys.excepthook = lambda *exc: self._root.error("the daemon failed", exc_info=exc)
 
     def _uncaught_in_thread(self, args) -> None:
-        if not issubclass(args.exc_type, SystemExit):
-            name = args.thread.name if args.thread else "a thread"
-            self._root.error("%s died", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+        if args.exc_type is not SystemExit:  # as the default hook: a thread's sys.exit() is no fault
+            name = args.thread.name if args.thread is not None else "?"
+            self._root.error("uncaught exception in thread %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
     def close(self) -> None:
-        threading.excepthook, sys.excepthook = self._hooks
+        sys.excepthook, threading.excepthook = self._hooks
         for handler in self._handlers:
             self._root.removeHandler(handler)
             self._wire.removeHandler(handler)

@@ -126,7 +126,7 @@ class Poller:
             return None
         self.backoff = Backoff()
         log.debug("lich answered a poll with %d items", len(items))
-        self._activity.poll_answered(min(len(items), MAX_ITEMS))
+        self._activity.poll_answered()
         if submitted:
             time.sleep(0)  # yield to the worker before building the next poll (docs/performance.md)
         return 0.0

@@ -27,13 +27,10 @@ class NotOurs(BadConfig):
 
 
 def ensure(path: str) -> None:
-    """Create the run folder 0700, or make sure an existing one is private.
-
-    Another user must not read our sockets nor plant files among ours, so an
-    existing folder must be a real folder (not a link), ours, and writable by
-    no one else. Its mode is never changed: a shared folder given by mistake
-    (a sticky 1777 one, /tmp) is refused, not closed to everyone else.
-    """
+    """Create the run folder 0700, or make sure an existing one is a real
+    folder (not a link), ours, and writable by no one else. Its mode is never
+    changed: a shared folder given by mistake (a sticky 1777 one, /tmp) is
+    refused, not closed to everyone else."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         os.mkdir(path, 0o700)

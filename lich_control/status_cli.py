@@ -12,7 +12,8 @@ A document is printed as the daemon gave it: the daemon made every string
 in it safe as it entered (escaped, cut, the token taken out). One this
 command cannot read (a field missing, a null where text belongs) is
 reported on its daemon's row, never a crash that hides the others; `--json`
-is ASCII JSON, whatever the locale.
+is one line of ASCII JSON (json.dumps' default): any locale prints it, and a
+lone surrogate is the escape that reads back as it.
 """
 from __future__ import annotations
 
@@ -256,12 +257,12 @@ def main(argv=None) -> int:
         path = session_path(folder, args.session, "sock")
         if not os.path.exists(path):
             if args.json:
-                print_json({"session_id": args.session, "socket": path, "status": None, "stale": "no socket"})
+                print(json.dumps({"session_id": args.session, "socket": path, "status": None, "stale": "no socket"}))
             print(f"lich-mod-status: no daemon for session {args.session} (no {path})", file=sys.stderr)
             return 1
         found = ask(path)
         if args.json:
-            print_json(found.to_json())
+            print(json.dumps(found.to_json()))
         if found.status is None:
             return _said(f"session {args.session}: {found.stale} ({path})")
         if not args.json:
@@ -274,7 +275,7 @@ def main(argv=None) -> int:
     everything = [ask(path) for path in sockets(folder)]
     everything.sort(key=lambda f: f.session)  # always a string: a document's own, or the socket's name
     if args.json:
-        print_json({"run_dir": folder, "daemons": [f.to_json() for f in everything]})
+        print(json.dumps({"run_dir": folder, "daemons": [f.to_json() for f in everything]}))
     elif everything:
         print("\n".join(overview(everything, paint)))
     if not any(f.status is not None for f in everything):
@@ -286,12 +287,6 @@ def main(argv=None) -> int:
 def _said(problem: str) -> int:
     print(f"lich-mod-status: {problem}", file=sys.stderr)
     return 1
-
-
-def print_json(doc: dict) -> None:
-    """One line of JSON, ASCII: any locale prints it, and a lone surrogate
-    is the JSON escape that reads back as it."""
-    print(json.dumps(doc))
 
 
 if __name__ == "__main__":

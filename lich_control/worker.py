@@ -29,7 +29,6 @@ log = logging.getLogger("lich_control.worker")
 # the relay is stuck, and lich hears so instead of waiting on nothing.
 QUICK_TIMEOUT = 10.0
 FORK_TIMEOUT = 300.0  # well past the 109 s the seed saw a real fork take
-NO_TURN = "no turn is running"
 
 _STOP = object()
 
@@ -95,7 +94,7 @@ class Worker:
         if command.kind == "abort":
             turn = self._turns.current
             if turn is None:
-                return CallResult.failed(NO_TURN)
+                return CallResult.failed("no turn is running")
             return self._call(command, "turn.abort", {"turnId": turn}, QUICK_TIMEOUT).result()
         if command.kind in ("model", "effort"):
             wanted = attrs.evolve(self.overrides, **{command.kind: getattr(command, command.kind)})

@@ -36,7 +36,7 @@ def test_ages_and_durations_follow_the_clock():
         activity.received("m1", "prompt")
         activity.waiting("m1", "session")
         clock.tick(0.25)
-        activity.poll_answered(1)
+        activity.poll_answered()
         activity.received("m2", "abort")
         clock.tick(1.5)
         activity.acked("m2", "abort", False, "no turn is running", sent=None)

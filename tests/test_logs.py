@@ -74,19 +74,26 @@ def test_the_token_never_reaches_a_log_line(tmp_path, capfd):
     assert SECRET not in written and quote(SECRET, safe="") not in written
 
 
-def test_an_exception_no_thread_caught_is_logged_without_the_token(tmp_path, capfd):
+def test_an_uncaught_exception_in_a_thread_or_the_main_one_is_logged_redacted_never_written_raw(tmp_path, capfd):
     def lines(log):
         def fail():
-            raise ConnectionError(f"http://127.0.0.1:1/mod/commands?token={SECRET}")
+            raise ConnectionError(f"GET http://127.0.0.1/mod/commands?token={quote(SECRET, safe='')}")
 
-        thread = threading.Thread(target=fail, name="lich-poller")
+        thread = threading.Thread(target=fail, name="lich-test")
         thread.start()
         thread.join(WAIT)
+        sys.excepthook(*exc_info_of(ValueError(f"boom {SECRET}")))
 
-    written = written_by(tmp_path, lines)
-    said = capfd.readouterr().err
-    assert "lich-poller died" in written and "token=[token]" in written and "lich-poller died" in said
-    assert SECRET not in written + said and quote(SECRET, safe="") not in written + said
+    written = written_by(tmp_path, lines) + capfd.readouterr().err
+    assert "uncaught exception in thread lich-test" in written and "token=[token]" in written and "boom [token]" in written
+    assert SECRET not in written and quote(SECRET, safe="") not in written
+
+
+def exc_info_of(exc):
+    try:
+        raise exc
+    except type(exc):
+        return sys.exc_info()
 
 
 def test_a_newline_or_a_bidirectional_mark_in_an_id_cannot_forge_a_line_and_a_traceback_keeps_its_lines(tmp_path):

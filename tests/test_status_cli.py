@@ -28,7 +28,7 @@ def daemons_in_each_state():
     live, backoff, gone = (Activity(name, "relay", Turns(), files={"socket": f"/r/{name}.sock"}) for name in ("live", "backoff", "gone"))
     for activity in (live, backoff, gone):
         activity.poll_sent()
-    live.poll_answered(1)
+    live.poll_answered()
     live.received("m1", "abort")
     live.acked("m1", "abort", False, "no turn is running", sent=None)
     backoff.poll_failed("lich answered 500", 1.0)
