@@ -2,19 +2,20 @@
 // (the daemon's process, its socket, the $ calls) and checks what crosses.
 import type { On } from 'claude-code'
 import { describe, expect, test, type Engine } from 'claude-code/testing'
-import { DATA, ENV_PYTHON, LICH, SETUP, World, answered, step } from './world.ts'
+import { Child, DATA, ENV_PYTHON, LICH, SETUP, World, answered, step } from './world.ts'
 
 const INTERACTIVE = { cwd: '/home/me/project', surface: 'terminal', isInteractive: true } as const
+const FAILURE =
+  "lich-control cannot set up its Python environment: pip could not install lich-control: the package index could not be reached. Set the plugin's python option to an interpreter that has lich-control installed, or install it by hand (docs/install.md)"
 
 describe('the gate', () => {
   for (const name of Object.keys(LICH)) {
     for (const [how, env] of [
-      ['unset', without(name)],
+      ['unset', Object.fromEntries(Object.entries(LICH).filter(([key]) => key !== name))],
       ['empty', { ...LICH, [name]: '' }],
     ] as const) {
       test(`${name} ${how}: no daemon`, async ($, on) => {
-        const world = new World(on, env)
-        await $.session.start(INTERACTIVE)
+        const world = await started($, on, {}, env)
         await world.clock.settle()
         expect(world.children).toHaveLength(0)
       })
@@ -35,10 +36,7 @@ describe('the gate', () => {
   })
 
   test('with no hook variables to read, the daemon is named no parent and finds its own', async ($, on) => {
-    const world = new World(on)
-    world.hookEnv = undefined
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
+    const world = await spawnedWith($, on, { hookEnv: undefined })
     expect(world.child.request.env).toBeUndefined()
   })
 
@@ -167,9 +165,9 @@ describe('events', () => {
     await world.clock.settle()
     expect(world.posts).toHaveLength(0)
     world.release()
-    await world.until(() => world.events().length >= 3)
+    await world.until(() => world.posts.length >= 3)
     await world.clock.settle()
-    expect(world.events()).toEqual([
+    expect(world.posts.map(post => post.body)).toEqual([
       { event: 'turn.start', turnId: 't1' },
       { event: 'turn.complete', turnId: 't2' },
       { event: 'turn.complete', turnId: 't1' },
@@ -179,11 +177,7 @@ describe('events', () => {
 
 describe('overrides', () => {
   test('applied to every turn.step from memory, and dropped by nulls', async ($, on) => {
-    const world = new World(on)
-    const sent = world.recordSteps(on)
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
-    world.child.hello('/s1')
+    const world = await connected($, on)
     const set = async (id: string, args: object) => {
       world.child.call(id, 'overrides.set', args)
       await world.until(() => world.results().some(result => result.id === id))
@@ -201,7 +195,7 @@ describe('overrides', () => {
     await set('c4', { model: null, effort: null })
     await drain($.turn.step(step(5)))
 
-    expect(sent).toEqual([
+    expect(world.steps).toEqual([
       step(0),
       { ...step(1), model: 'claude-opus-4-1' },
       { ...step(2, 't2'), model: 'claude-opus-4-1' },
@@ -212,13 +206,12 @@ describe('overrides', () => {
   })
 
   test('the response streams through unchanged', async ($, on) => {
-    const world = new World(on)
-    on('turn.step', async function* ($, e) {
+    const world = await spawnedWith($, on)
+    world.respond = async function* (e) {
       yield { kind: 'text', index: 0, text: 'hel' }
       yield { kind: 'text', index: 0, text: 'lo' }
       return { ...answered(e), answer: 'hello' }
-    })
-    await $.session.start(INTERACTIVE)
+    }
     const stream = $.turn.step(step(0))
     const texts: string[] = []
     let read = await stream.next()
@@ -227,7 +220,6 @@ describe('overrides', () => {
     }
     expect(texts).toEqual(['hel', 'lo'])
     expect(read.value.answer).toBe('hello')
-    await world.untilSpawned(1)
   })
 })
 
@@ -246,22 +238,17 @@ describe('restarts', () => {
   })
 
   test('a daemon that cannot start counts as a crash', async ($, on) => {
-    const world = new World(on)
-    world.refuseSpawn = 'no such file: python3'
-    await $.session.start(INTERACTIVE)
+    const world = await started($, on, { refuseSpawn: 'no such file: python3' })
     await world.untilLogged('restart 1 of 5 in 1000 ms')
     expect(world.logs.find(line => line.includes('restart 1'))).toContain('no such file: python3')
     await world.clock.advance(1000)
-    await world.until(() => world.spawnTries === 2)
+    await world.untilSpawned(2)
   })
 })
 
 describe('the Python environment', () => {
   test('none yet: the setup script builds it once while the session goes on, then the daemon starts from it', async ($, on) => {
-    const world = new World(on)
-    const sent = world.recordSteps(on)
-    world.holdSetup = true
-    await $.session.start(INTERACTIVE)
+    const world = await started($, on, { holdSetup: true })
     await $.session.start(INTERACTIVE)
     await world.untilSetUp(1)
     const { argv, cwd, env } = world.setups[0].request
@@ -273,7 +260,7 @@ describe('the Python environment', () => {
 
     // Turns go on while it builds.
     await drain($.turn.step(step(0)))
-    expect(sent).toEqual([step(0)])
+    expect(world.steps).toEqual([step(0)])
     await world.clock.settle()
     expect(world.children).toHaveLength(0)
 
@@ -289,49 +276,29 @@ describe('the Python environment', () => {
     expect(world.children).toHaveLength(1)
   })
 
-  test('a build that fails: its one line in the log, no daemon, and no second try', async ($, on) => {
-    const world = new World(on)
-    world.holdSetup = true
-    const failure =
-      "lich-control cannot set up its Python environment: pip could not install lich-control: the package index could not be reached. Set the plugin's python option to an interpreter that has lich-control installed, or install it by hand (docs/install.md)"
-    await $.session.start(INTERACTIVE)
-    await world.untilSetUp(1)
-    world.setups[0].failed(failure)
-    await world.untilLogged('the package index could not be reached')
-    await $.turn.start({ text: 'go', turnId: 't1' })
-    await $.session.start(INTERACTIVE)
-    await world.clock.advance(2 * 3600_000)
-    expect(world.logs.filter(line => line.includes('cannot set up'))).toEqual([failure])
-    expect(world.setups).toHaveLength(1)
-    expect(world.spawnTries).toBe(0)
-    // Nothing waits for a daemon that will not come.
-    expect(world.posts).toHaveLength(0)
-  })
-
-  test('no python3 to run the setup with: one line that says what to do, no daemon', async ($, on) => {
-    const world = new World(on)
-    world.refuseSetup = 'no such file: python3'
-    await $.session.start(INTERACTIVE)
-    await world.untilLogged('python3 did not run')
-    const [line] = world.logs.filter(line => line.includes('cannot set up'))
-    expect(line).toContain('no such file: python3')
-    expect(line).toContain("set the plugin's python option")
-    await world.clock.advance(3600_000)
-    expect(world.children).toHaveLength(0)
-  })
-
-  test('a setup that ends without a result: its lines logged, then one line saying so', async ($, on) => {
-    const world = new World(on)
-    world.holdSetup = true
-    await $.session.start(INTERACTIVE)
-    await world.untilSetUp(1)
-    world.setups[0].write('  File "hooks/lich_runtime.py", line 1\nSyntaxError: invalid syntax\n', 'stderr')
-    world.setups[0].exit(1)
-    await world.untilLogged('without a result')
-    expect(world.logs).toContain('lich-control setup: SyntaxError: invalid syntax')
-    expect(world.logs.filter(line => line.includes('cannot set up'))).toHaveLength(1)
-    expect(world.children).toHaveLength(0)
-  })
+  // However the setup ends badly: one line that says why and what to do, no
+  // daemon, no second try, and nothing waits for a daemon that will not come.
+  for (const [how, arrange, end, why] of [
+    ['a build that fails', { holdSetup: true }, (setup: Child) => setup.failed(FAILURE), FAILURE],
+    ['no python3 to run the setup with', { refuseSetup: 'no such file: python3' }, undefined,
+      'python3 did not run (lich-control: $.process.spawn: no such file: python3)'],
+    ['a setup that ends without a result', { holdSetup: true }, (setup: Child) => setup.exit(1),
+      `${SETUP} exited with 1 without a result`],
+  ] as const) {
+    test(`${how}: one line in the log, and no daemon`, async ($, on) => {
+      const world = await started($, on, arrange)
+      if (end) await world.untilSetUp(1).then(() => end(world.setups[0]))
+      await world.untilLogged('cannot set up')
+      await $.turn.start({ text: 'go', turnId: 't1' })
+      await world.clock.advance(2 * 3600_000)
+      const lines = world.logs.filter(line => line.includes('cannot set up'))
+      expect(lines).toEqual([expect.stringContaining(why)])
+      expect(lines[0]).toContain("plugin's python option")
+      expect(world.setups.length).toBeLessThanOrEqual(1)
+      expect(world.children).toHaveLength(0)
+      expect(world.posts).toHaveLength(0)
+    })
+  }
 
   for (const [how, settings, python, builds] of [
     ['the python option names an interpreter: it runs the daemon, and nothing is built',
@@ -342,7 +309,7 @@ describe('the Python environment', () => {
       { project: pythonOption('./evil'), local: pythonOption('./evil') }, ENV_PYTHON, 1],
   ] as const) {
     test(how, async ($, on) => {
-      const world = await spawnedWith($, on, settings)
+      const world = await spawnedWith($, on, { settings })
       expect(world.child.request.argv).toEqual([python, '-m', 'lich_control.daemon'])
       expect(world.envSet.LICH_CONTROL_PYTHON).toBe(python)
       expect(world.setups).toHaveLength(builds)
@@ -352,18 +319,16 @@ describe('the Python environment', () => {
 
 describe('next to lich-plugin', () => {
   const ROOT = '/home/me/.claude/plugins/cache/lich-plugin/lich'
-  const installed = (root: string) =>
-    JSON.stringify({ version: 2, plugins: { 'lich@lich-plugin': [{ scope: 'user', installPath: root, version: root.split('/').pop() }] } })
   const enabled = (on: boolean) => ({ user: { enabledPlugins: { 'lich@lich-plugin': on, 'lich-control@lich-control': true } } })
   // lich-plugin's folder as a release installs it: its hooks/hooks.json, with
   // `modules` when the release has a mod, and the files that are there.
-  const release = (world: World, version: string, modules: string[] | undefined, files: string[] = []) => {
+  const release = (version: string, modules: readonly string[] | undefined, files: readonly string[]) => {
     const root = `${ROOT}/${version}`
-    world.installed = installed(root)
+    const record = { version: 2, plugins: { 'lich@lich-plugin': [{ scope: 'user', installPath: root, version }] } }
     const hooks = { ...(modules && { modules }), hooks: { Stop: [{ hooks: [{ type: 'command', command: '${CLAUDE_PLUGIN_ROOT}/hooks/report-state.sh done' }] }] } }
-    world.files[`${root}/hooks/hooks.json`] = JSON.stringify(hooks)
-    for (const file of files) world.files[`${root}/hooks/${file}`] = '// its mod\n'
-    return root
+    const folder = Object.fromEntries(files.map(file => [`${root}/hooks/${file}`, '// its mod\n']))
+    folder[`${root}/hooks/hooks.json`] = JSON.stringify(hooks)
+    return { installed: JSON.stringify(record), files: folder }
   }
 
   for (const [version, module] of [
@@ -371,11 +336,9 @@ describe('next to lich-plugin', () => {
     ['0.20.0', 'lich.js'],
   ] as const) {
     test(`lich-plugin ${version} registers its mod (${module}): it polls for the session, so no daemon starts, and the log says why`, async ($, on) => {
-      const world = new World(on)
-      world.settings = enabled(true)
-      const root = release(world, version, [`./${module}`], [module, 'report-state.sh'])
-      await $.session.start(INTERACTIVE)
-      await world.untilLogged(`lich@lich-plugin registers a mod (${root}/hooks/${module}) that polls lich for this session itself`)
+      const files = [module, 'report-state.sh']
+      const world = await started($, on, { settings: enabled(true), ...release(version, [`./${module}`], files) })
+      await world.untilLogged(`registers a mod (${ROOT}/${version}/hooks/${module}) that polls lich for this session itself`)
       await world.clock.settle()
       expect(world.setups).toHaveLength(0)
       expect(world.children).toHaveLength(0)
@@ -388,26 +351,20 @@ describe('next to lich-plugin', () => {
     ['lich-plugin disabled', false, '0.14.0', ['./mod-control.js'], ['mod-control.js']],
   ] as const) {
     test(`${how}: the daemon starts, and the log says nothing of it`, async ($, hook) => {
-      const world = new World(hook)
-      world.settings = enabled(on)
-      release(world, version, modules && [...modules], [...files])
-      await $.session.start(INTERACTIVE)
-      await world.untilSpawned(1)
+      const world = await spawnedWith($, hook, { settings: enabled(on), ...release(version, modules, files) })
       expect(world.logs.some(line => line.includes('lich@lich-plugin'))).toBe(false)
     })
   }
 
   test('lich-plugin enabled, its install unknown: said plainly, and the daemon starts', async ($, on) => {
-    const world = await spawnedWith($, on, enabled(true))
+    const world = await spawnedWith($, on, { settings: enabled(true) })
     expect(world.logs.find(line => line.includes('lich@lich-plugin'))).toContain('what it registers could not be read')
   })
 })
 
 describe('Windows', () => {
   test('on Windows nothing is started, and one line says so', async ($, on) => {
-    const world = new World(on)
-    world.platform = 'windows'
-    await $.session.start(INTERACTIVE)
+    const world = await started($, on, { platform: 'windows' })
     await world.untilLogged('the daemon does not run on Windows yet')
     await world.clock.settle()
     expect(world.setups).toHaveLength(0)
@@ -416,10 +373,7 @@ describe('Windows', () => {
   })
 
   test('under WSL, Linux to the daemon, it starts', async ($, on) => {
-    const world = new World(on)
-    world.platform = 'wsl'
-    await $.session.start(INTERACTIVE)
-    await world.untilSpawned(1)
+    await spawnedWith($, on, { platform: 'wsl' })
   })
 })
 
@@ -430,12 +384,16 @@ function pythonOption(python: string, key = 'lich-control') {
   return { pluginConfigs: { [key]: { options: { python } } } }
 }
 
-// The world once an interactive session inside lich, with these settings
-// files, has spawned its daemon.
-async function spawnedWith($: Engine, on: On, settings: World['settings'] = {}) {
-  const world = new World(on)
-  world.settings = settings
+// The world, arranged so, once an interactive session has started in it.
+async function started($: Engine, on: On, arrange: Partial<World> = {}, env = LICH) {
+  const world = Object.assign(new World(on, env), arrange)
   await $.session.start(INTERACTIVE)
+  return world
+}
+
+// That world once the session has spawned its daemon.
+async function spawnedWith($: Engine, on: On, arrange: Partial<World> = {}) {
+  const world = await started($, on, arrange)
   await world.untilSpawned(1)
   return world
 }
@@ -445,12 +403,6 @@ async function connected($: Engine, on: On, socket = '/s1') {
   const world = await spawnedWith($, on)
   world.child.hello(socket)
   return world
-}
-
-function without(name: string): Record<string, string> {
-  const env: Record<string, string> = { ...LICH }
-  delete env[name]
-  return env
 }
 
 function byId(results: any[]): Record<string, any> {

@@ -12,19 +12,16 @@ export const ENV_PYTHON = `${DATA}/env-0.1.0-0123456789ab/bin/python`
 export const SETUP = 'hooks/lich_runtime.py'
 type Source = 'user' | 'project' | 'local' | 'flag' | 'policy'
 
-export type Post = { path: string; socket: string | undefined; body: any }
+type Post = { path: string; socket: string | undefined; body: any }
 type Exit = { code: number | null; signal: string | null }
 
 // One run of the daemon as the test plays it: what it writes, how it ends.
 export class Child {
-  readonly request: any
   private pieces: { stream: 'stdout' | 'stderr'; text: string }[] = []
   private end: Exit | undefined
   private wake: (() => void) | undefined
 
-  constructor(request: any) {
-    this.request = request
-  }
+  constructor(readonly request: any) {}
 
   write(text: string, stream: 'stdout' | 'stderr' = 'stdout') {
     this.pieces.push({ stream, text })
@@ -40,14 +37,13 @@ export class Child {
   }
 
   // The setup script's end: a step on stderr, then the result line.
-  ready(built: boolean, python = ENV_PYTHON) {
+  ready(built: boolean) {
     if (built) this.write(`creating a virtual environment in ${DATA}/env-0.1.0-0123456789ab\n`, 'stderr')
-    this.line({ ok: true, python, built })
+    this.line({ ok: true, python: ENV_PYTHON, built })
     this.exit(0)
   }
 
   failed(error: string) {
-    this.write('installing lich-control 0.1.0 and what it needs into it\n', 'stderr')
     this.line({ ok: false, error })
     this.exit(1)
   }
@@ -77,19 +73,23 @@ export class Child {
   }
 }
 
-// A condition the test waits on, re-checked whenever the world changes.
-type Waiter = { ready: () => boolean; resolve: () => void }
-
 export class World {
   readonly clock
-  // The daemon's runs, and the setup script's apart from them.
+  // The daemon's runs (refused ones too), the setup script's apart.
   readonly children: Child[] = []
   readonly setups: Child[] = []
   readonly posts: Post[] = []
   readonly logs: string[] = []
+  // The model requests that reach the bottom, as the relay passed them on.
+  readonly steps: any[] = []
+  // How the model answers them: at once, with nothing, unless replaced.
+  respond = async function* (e: any): AsyncGenerator<any, any> {
+    return answered(e)
+  }
   // What $.env.set wrote, by name.
   readonly envSet: Record<string, string | undefined> = {}
-  // The settings files by source; a read with no source gets them merged.
+  // The settings files by source; a read with no source gets them merged
+  // (shallowly: no test splits a key across sources).
   settings: Partial<Record<Source, any>> = {}
   // Claude Code's install record (installed_plugins.json) as text, or none.
   installed: string | undefined
@@ -108,9 +108,9 @@ export class World {
   // as a host that cannot start the child.
   refuseSpawn: string | undefined
   refuseSetup: string | undefined
-  spawnTries = 0
   private held: (() => void)[] = []
-  private waiters: Waiter[] = []
+  // What the test waits on, re-checked whenever the world changes.
+  private waiters: { ready: () => boolean; resolve: () => void }[] = []
 
   constructor(on: On, env: Record<string, string> = LICH) {
     this.clock = mock.clock(on)
@@ -129,7 +129,8 @@ export class World {
       this.changed()
       return { value: {} }
     })
-    on('settings.read', ($, e) => ({ value: e.source ? (this.settings[e.source] ?? {}) : this.merged() }))
+    const merged = () => Object.assign({}, ...Object.values(this.settings))
+    on('settings.read', ($, e) => ({ value: e.source ? (this.settings[e.source] ?? {}) : merged() }))
     on('fs.read', ($, e) => {
       if (this.installed !== undefined && e.path.endsWith('/plugins/installed_plugins.json')) return { value: this.installed }
       if (e.path in this.files) return { value: this.files[e.path] }
@@ -147,14 +148,15 @@ export class World {
         if (!world.holdSetup) setup.ready(false)
         return { value: yield* setup.run() }
       }
-      world.spawnTries += 1
-      world.changed()
-      if (world.refuseSpawn !== undefined) return { deny: world.refuseSpawn }
       const child = new Child(e)
       world.children.push(child)
       world.changed()
-      const end = yield* child.run()
-      return { value: end }
+      if (world.refuseSpawn !== undefined) return { deny: world.refuseSpawn }
+      return { value: yield* child.run() }
+    })
+    on('turn.step', async function* ($, e) {
+      world.steps.push(e)
+      return yield* world.respond(e)
     })
     on('http.fetch', async ($, e) => {
       const path = new URL(e.url).pathname
@@ -168,26 +170,12 @@ export class World {
     })
   }
 
-  // The model requests that reach the bottom, as the relay passed them on.
-  recordSteps(on: On): any[] {
-    const sent: any[] = []
-    on('turn.step', async function* ($, e) {
-      sent.push(e)
-      return answered(e)
-    })
-    return sent
-  }
-
   get child(): Child {
     return this.children[this.children.length - 1]
   }
 
   results(): any[] {
     return this.posts.filter(p => p.path === '/v1/result').map(p => p.body)
-  }
-
-  events(): any[] {
-    return this.posts.filter(p => p.path === '/v1/event').map(p => p.body)
   }
 
   release() {
@@ -214,16 +202,6 @@ export class World {
 
   untilLogged(text: string) {
     return this.until(() => this.logs.some(line => line.includes(text)))
-  }
-
-  private merged() {
-    const merged: any = {}
-    for (const source of ['user', 'project', 'local', 'flag', 'policy'] as const) {
-      for (const [key, value] of Object.entries(this.settings[source] ?? {})) {
-        merged[key] = typeof value === 'object' && value !== null ? { ...merged[key], ...value } : value
-      }
-    }
-    return merged
   }
 
   private changed() {
