@@ -180,14 +180,9 @@ test('the gate opens only with all three variables in the interactive TUI', () =
   assert.equal(insideLich({ env: LICH, argv: TUI.argv, isMainThread: true }), false)
 })
 
-test('outside the TUI the plugin adds no hook and starts nothing', async () => {
-  const client = fakeClient()
+test('outside the TUI the plugin starts nothing; on Windows neither, and says so in one line', async () => {
   assert.equal(lichControl.id, 'lich-control')
-  assert.deepEqual(await lichControl.server({ client }, {}), {})
-  assert.deepEqual(client.calls, [])
-})
-
-test('on Windows the plugin starts nothing inside lich, and says so in one line', async () => {
+  assert.deepEqual(await lichControl.server({ client: fakeClient() }, {}), {})
   // An interpreter that is not there: should a relay start, it runs nothing.
   const options = { python: '/nonexistent/python' }
   const client = fakeClient()
@@ -434,8 +429,15 @@ test('each busy to idle of the chosen session is one turn; other sessions make n
 // -- abort ----------------------------------------------------------------
 
 test('abort stops the running turn and answers once the session is idle; one it does not follow is reported', async () => {
-  const w = world({ 'session.status': { ses_a: { type: 'busy' } }, 'session.abort': true })
+  let statuses = {}
+  const w = world({ 'session.status': () => statuses, 'session.abort': true })
   await w.startTurn('ses_a')
+  // Refused: a turn that is not the running one, and one opencode says is idle.
+  w.call('c8', 'turn.abort', { turnId: 'o9' })
+  w.call('c9', 'turn.abort', { turnId: 'o1' })
+  assert.deepEqual(await w.result('c8'), { id: 'c8', ok: false, error: 'o9 is not the running turn' })
+  assert.deepEqual(await w.result('c9'), { id: 'c9', ok: false, error: 'no turn is running' })
+  statuses = { ses_a: { type: 'busy' } }
   w.call('c1', 'turn.abort', { turnId: 'o1' })
   await until(() => w.client.named('session.abort').length === 1)
   await flush()
@@ -449,16 +451,6 @@ test('abort stops the running turn and answers once the session is idle; one it 
   await until(() => w.sleeps.length === 2)
   w.sleeps[1].wake()
   assert.match((await w.result('c2')).error, /o2, but its session was still busy 0.05 s later/)
-})
-
-test('abort of a turn that is not the running one, or of an idle session, is refused', async () => {
-  const w = world({ 'session.status': {} })
-  await w.startTurn('ses_a')
-  w.call('c1', 'turn.abort', { turnId: 'o9' })
-  w.call('c2', 'turn.abort', { turnId: 'o1' })
-  assert.deepEqual(await w.result('c1'), { id: 'c1', ok: false, error: 'o9 is not the running turn' })
-  assert.deepEqual(await w.result('c2'), { id: 'c2', ok: false, error: 'no turn is running' })
-  assert.equal(w.client.named('session.abort').length, 0)
 })
 
 // -- commands -------------------------------------------------------------
