@@ -86,7 +86,6 @@ function world(answers = {}, options = {}) {
   const daemons = []
   const spawned = []
   const posts = []
-  const postWaiters = []
   const sleeps = []
   let failing = options.failPosts ?? 0 // the next posts that fail on the way
   let holding = options.holdPosts ?? false // posts wait for answerPosts(n), until releasePosts()
@@ -107,7 +106,6 @@ function world(answers = {}, options = {}) {
     },
     post: async (socketPath, path, body) => {
       posts.push({ socketPath, path, body })
-      for (const w of postWaiters.splice(0)) w()
       if (holding) await new Promise(answer => held.push(answer))
       if (failing > 0) {
         failing -= 1
@@ -118,6 +116,7 @@ function world(answers = {}, options = {}) {
     sleep: ms => new Promise(wake => sleeps.push({ ms, wake })),
     now: () => options.clock?.() ?? 0,
     abortSettleMs: 50,
+    ...(options.realSocket && { post: undefined, sleep: undefined, now: undefined }),
   })
   const hooks = relay.hooks()
   relay.start()
@@ -134,11 +133,10 @@ function world(answers = {}, options = {}) {
     hello: (socket = SOCKET) => w.daemon().say({ op: 'hello', protocol: 1, pid: 7, socket, version: '0.1.0' }),
     call: (id, method, args) => w.daemon().say({ op: 'call', id, method, args }),
     // Resolves with the posted result of call `id`.
-    result: id => until(() => posts.find(p => p.path === '/v1/result' && p.body.id === id)?.body, postWaiters),
+    result: id => until(() => posts.find(p => p.path === '/v1/result' && p.body.id === id)?.body),
     events: () => posts.filter(p => p.path === '/v1/event').map(p => `${p.body.event} ${p.body.turnId}`),
     // What the relay logged, in order.
     logs: () => client.named('app.log').map(c => c.options.body.message),
-    settled: () => until(() => posts.length > 0 && true, postWaiters),
     bus: (type, properties) => hooks.event({ event: { type, properties } }),
     status: (sessionID, type) => w.bus('session.status', { sessionID, status: { type } }),
     created: (id, parentID) => w.bus('session.created', { sessionID: id, info: { id, ...(parentID && { parentID }) } }),
@@ -158,19 +156,13 @@ function world(answers = {}, options = {}) {
   return w
 }
 
-async function until(check, waiters, ms = 2000) {
+async function until(check, ms = 2000) {
   const deadline = Date.now() + ms
   for (;;) {
     const value = check()
     if (value) return value
     assert.ok(Date.now() < deadline, 'what the test waited for never came')
-    await new Promise(wake => {
-      const timer = setTimeout(wake, 20)
-      waiters.push(() => {
-        clearTimeout(timer)
-        wake()
-      })
-    })
+    await new Promise(wake => setTimeout(wake, 1))
   }
 }
 
@@ -188,14 +180,9 @@ test('the gate opens only with all three variables in the interactive TUI', () =
   assert.equal(insideLich({ env: LICH, argv: TUI.argv, isMainThread: true }), false)
 })
 
-test('outside the TUI the plugin adds no hook and starts nothing', async () => {
-  const client = fakeClient()
+test('outside the TUI the plugin starts nothing; on Windows neither, and says so in one line', async () => {
   assert.equal(lichControl.id, 'lich-control')
-  assert.deepEqual(await lichControl.server({ client }, {}), {})
-  assert.deepEqual(client.calls, [])
-})
-
-test('on Windows the plugin starts nothing inside lich, and says so in one line', async () => {
+  assert.deepEqual(await lichControl.server({ client: fakeClient() }, {}), {})
   // An interpreter that is not there: should a relay start, it runs nothing.
   const options = { python: '/nonexistent/python' }
   const client = fakeClient()
@@ -212,18 +199,22 @@ test('on Windows the plugin starts nothing inside lich, and says so in one line'
 
 // -- the daemon -----------------------------------------------------------
 
-test('the daemon runs with the interpreter the python option names, and nothing is set up', async () => {
+test('the daemon runs with the interpreter the python option names, nothing set up; dispose ends it for good', async () => {
   const w = world()
-  await until(() => w.daemons.length === 1, [])
   assert.deepEqual(w.spawned.map(s => [s.command, ...s.args]), [['/venv/bin/python', '-m', 'lich_control.daemon', '--host', 'opencode']])
   assert.equal(w.spawned[0].cwd, ROOT)
   // opencode's environment, and opencode's own pid named as the daemon's parent.
   assert.deepEqual(w.spawned[0].env, { ...process.env, LICH_CONTROL_PARENT_PID: String(process.pid) })
+  await w.hooks.dispose()
+  assert.deepEqual(w.daemon().killed, ['SIGTERM'])
+  await flush()
+  assert.equal(w.daemons.length, 1)
+  assert.deepEqual(w.sleeps, [])
 })
 
 test('with no interpreter named, the shared setup builds one and the daemon runs from it', async () => {
   const w = world({}, { python: null, steps: ['creating a virtual environment in /data/env'] })
-  await until(() => w.daemons.length === 1, [])
+  await until(() => w.daemons.length === 1)
   assert.deepEqual(w.spawned.map(s => [s.command, ...s.args]), [
     ['python3', join(ROOT, 'hooks', 'lich_runtime.py'), '--data', '/data/opencode/lich-control'],
     ['/data/env/bin/python', '-m', 'lich_control.daemon', '--host', 'opencode'],
@@ -237,10 +228,9 @@ test('with no interpreter named, the shared setup builds one and the daemon runs
 test('a setup that fails is logged in its one line, and no daemon starts', async () => {
   const error = 'lich-control cannot set up its Python environment: the package index could not be reached. Set the plugin\'s python option'
   const w = world({}, { python: null, setup: { ok: false, error } })
-  await until(() => w.logs().length === 1, [])
+  await until(() => w.logs().length === 1)
   await flush()
   assert.deepEqual(w.logs(), [error])
-  assert.equal(w.daemons.length, 0)
   assert.equal(w.spawned.length, 1)
   // The hooks still answer, and change nothing.
   const output = { options: { keep: 1 } }
@@ -252,29 +242,29 @@ test('a post that fails on the way is sent again after a pause, twice; only the 
   const w = world({}, { failPosts: 3 })
   w.call('c1', 'overrides.set', { model: null, effort: null })
   for (let sent = 1; sent <= 2; sent++) {
-    await until(() => w.sleeps.length === sent, [])
+    await until(() => w.sleeps.length === sent)
     // Not sent again before the pause is over, and not given up on.
     assert.equal(w.posts.length, sent)
     assert.equal(w.sleeps.at(-1).ms, 250)
     assert.equal(w.logs().some(m => m.includes('could not be reached')), false)
     w.sleeps.at(-1).wake()
   }
-  await until(() => w.logs().some(m => m.includes('could not be reached for /v1/result: socket hang up')), [])
+  await until(() => w.logs().some(m => m.includes('could not be reached for /v1/result: socket hang up')))
   assert.deepEqual(w.posts.map(p => p.body), Array(3).fill({ id: 'c1', ok: true, value: null }))
 })
 
 test('no more than eight posts are on their way at once; the rest wait their turn in order', async () => {
   const w = world({}, { holdPosts: true })
   for (let i = 0; i < 20; i++) w.call(`c${i}`, 'overrides.set', { model: null, effort: null })
-  await until(() => w.posts.length === 8, [])
+  await until(() => w.posts.length === 8)
   await flush()
   assert.equal(w.posts.length, 8)
   w.answerPosts(3)
-  await until(() => w.posts.length === 11, [])
+  await until(() => w.posts.length === 11)
   await flush()
   assert.equal(w.posts.length, 11)
   w.releasePosts()
-  await until(() => w.posts.length === 20, [])
+  await until(() => w.posts.length === 20)
   assert.deepEqual(w.posts.map(p => p.body.id), Array.from({ length: 20 }, (_, i) => `c${i}`))
 })
 
@@ -283,39 +273,26 @@ test('no more than eight posts are on their way at once; the rest wait their tur
 test('a daemon that exits 1 is restarted after a growing delay, five times at most; a restart hears of the running turn', async () => {
   const w = world()
   await w.startTurn('ses_a')
-  await w.settled()
+  await until(() => w.posts.length > 0)
   for (let restart = 1; restart <= 5; restart++) {
     w.daemon().exit(1)
-    await until(() => w.sleeps.length === restart, [])
+    await until(() => w.sleeps.length === restart)
     assert.equal(w.sleeps.at(-1).ms, 1000 * 2 ** (restart - 1))
     // Not started again before the delay is over.
     await flush()
     assert.equal(w.daemons.length, restart)
     w.sleeps.at(-1).wake()
-    await until(() => w.daemons.length === restart + 1, [])
+    await until(() => w.daemons.length === restart + 1)
     if (restart === 1) {
       w.hello('/run/lich-control/second.sock')
-      await until(() => w.posts.some(p => p.socketPath.endsWith('second.sock')), [])
+      await until(() => w.posts.some(p => p.socketPath.endsWith('second.sock')))
       assert.deepEqual(w.posts.filter(p => p.socketPath.endsWith('second.sock')).map(p => p.body), [{ event: 'turn.start', turnId: 'o1' }])
     }
   }
   w.daemon().exit(1)
-  await until(() => w.logs().some(m => m.includes('exited with 1; not restarting it again')), [])
+  await until(() => w.logs().some(m => m.includes('exited with 1; not restarting it again')))
   assert.equal(w.sleeps.length, 5)
   assert.equal(w.daemons.length, 6)
-})
-
-test('a daemon that ran a healthy minute before it died earns a fresh restart budget', async () => {
-  let now = 0
-  const w = world({}, { clock: () => now })
-  w.daemon().exit(1)
-  await until(() => w.sleeps.length === 1, [])
-  w.sleeps[0].wake()
-  await until(() => w.daemons.length === 2, [])
-  now += 60_000
-  w.daemon().exit(1)
-  await until(() => w.sleeps.length === 2, [])
-  assert.equal(w.sleeps[1].ms, 1000)
 })
 
 test('a daemon that exits 0, or 2 (its configuration refused), is not restarted', async () => {
@@ -323,29 +300,35 @@ test('a daemon that exits 0, or 2 (its configuration refused), is not restarted'
     const w = world({}, { hello: false })
     w.daemon().exit(code)
     // No daemon will run again.
-    await until(() => w.relay.bridge.daemon.value === null, [])
+    await until(() => w.relay.bridge.daemon.value === null)
     assert.equal(w.daemons.length, 1)
     assert.deepEqual(w.sleeps, [])
     assert.deepEqual(w.logs(), code === 0 ? [] : ['lich-control: the daemon exited with 2: its configuration is wrong; not restarting it'])
   }
 })
 
-test('what a daemon that ended asked for dies with it: its overrides, and results still on their way', async () => {
+test('what a daemon that ended asked for dies with it; one that ran a healthy minute earns a fresh restart budget', async () => {
   let list
-  const w = world({ 'command.list': () => new Promise(answer => (list = answer)), 'config.providers': { providers: PROVIDERS } })
+  let now = 0
+  const answers = { 'command.list': () => new Promise(answer => (list = answer)), 'config.providers': { providers: PROVIDERS } }
+  const w = world(answers, { clock: () => now })
   w.call('c1', 'overrides.set', { model: 'fake/m2', effort: null })
   await w.result('c1')
   w.call('c2', 'command.run', { command: 'word' })
-  await until(() => list !== undefined, [])
+  await until(() => list !== undefined)
   w.daemon().exit(1)
-  await until(() => w.sleeps.length === 1, [])
+  await until(() => w.sleeps.length === 1)
   w.sleeps[0].wake()
-  await until(() => w.daemons.length === 2, [])
+  await until(() => w.daemons.length === 2)
   w.hello('/run/lich-control/second.sock')
   list([{ name: 'word' }])
-  await until(() => w.logs().some(m => m.includes('c2 (command.run) has ended; its result is dropped')), [])
+  await until(() => w.logs().some(m => m.includes('c2 (command.run) has ended; its result is dropped')))
   assert.deepEqual(w.posts.map(p => p.body.id), ['c1'])
   assert.deepEqual((await w.prompted('ses_a')).model, { providerID: 'fake', modelID: 'm1' })
+  now += 60_000
+  w.daemon().exit(1)
+  await until(() => w.sleeps.length === 2)
+  assert.equal(w.sleeps[1].ms, 1000)
 })
 
 test('dispose before a daemon that could not start has said so signals nothing', async () => {
@@ -353,15 +336,6 @@ test('dispose before a daemon that could not start has said so signals nothing',
   const w = world({}, { spawnFails: true, hello: false })
   await w.hooks.dispose()
   assert.deepEqual(w.daemon().killed, [])
-})
-
-test('dispose ends the daemon and restarts nothing', async () => {
-  const w = world()
-  await w.hooks.dispose()
-  assert.deepEqual(w.daemon().killed, ['SIGTERM'])
-  await flush()
-  assert.equal(w.daemons.length, 1)
-  assert.deepEqual(w.sleeps, [])
 })
 
 // -- the session lich drives, and its turns -------------------------------
@@ -377,12 +351,12 @@ test('before any prompt, lich gets a session of its own, shown in the TUI each s
   assert.deepEqual(w.client.named('session.promptAsync').map(c => [c.options.path.id, c.options.body.parts[0].text]),
     [['ses_new', 'run the tests'], ['ses_new', 'and then lint']])
   for (let sent = 1; sent < 20; sent++) {
-    await until(() => w.sleeps.length === sent, [])
+    await until(() => w.sleeps.length === sent)
     assert.equal(w.client.named('tui.publish').length, sent)
     assert.equal(w.sleeps.at(-1).ms, 1000)
     w.sleeps.at(-1).wake()
   }
-  await until(() => w.client.named('tui.publish').length === 20, [])
+  await until(() => w.client.named('tui.publish').length === 20)
   await flush()
   assert.equal(w.sleeps.length, 19)
   const select = { type: 'tui.session.select', properties: { sessionID: 'ses_new' } }
@@ -393,7 +367,7 @@ test('once the person prompts another session, the TUI is left where they are', 
   const w = world({ 'session.create': { id: 'ses_new' } })
   w.call('c1', 'prompt.submit', { text: 'run the tests' })
   await w.result('c1')
-  await until(() => w.sleeps.length === 1, [])
+  await until(() => w.sleeps.length === 1)
   w.created('ses_mine')
   await w.prompted('ses_mine')
   w.sleeps[0].wake()
@@ -408,7 +382,7 @@ test('a select opencode refuses is logged once and not sent again', async () => 
   w.call('c1', 'prompt.submit', { text: 'run the tests' })
   assert.equal((await w.result('c1')).ok, true)
   const told = () => w.logs().filter(m => m.includes('TUI'))
-  await until(() => told().length === 1, [])
+  await until(() => told().length === 1)
   await flush()
   assert.deepEqual(told(), ["lich-control: opencode's TUI could not be told to show lich's session ses_new: no TUI"])
   assert.equal(w.client.named('tui.publish').length, 1)
@@ -416,23 +390,19 @@ test('a select opencode refuses is logged once and not sent again', async () => 
 })
 
 test('lich drives the root session last prompted; forks and child sessions never take it', async () => {
-  const w = world()
+  const w = world({ 'session.get': ({ path }) => ({ id: path.id, parentID: path.id === 'ses_sub' ? 'ses_root' : undefined }) })
   w.created('ses_a')
   w.created('ses_b')
   w.created('ses_child', 'ses_b')
   await w.prompted('ses_a')
   await w.prompted('ses_b')
   await w.prompted('ses_child')
+  // One the bus has not described is looked up, once.
+  await w.prompted('ses_sub')
   assert.equal(w.relay.sessions.chosen, 'ses_b')
   w.call('c1', 'prompt.submit', { text: 'go on' })
   await w.result('c1')
   assert.equal(w.client.named('session.promptAsync')[0].options.path.id, 'ses_b')
-})
-
-test('a session the bus has not described is looked up once', async () => {
-  const w = world({ 'session.get': ({ path }) => ({ id: path.id, parentID: path.id === 'ses_sub' ? 'ses_root' : undefined }) })
-  await w.prompted('ses_sub')
-  assert.equal(w.relay.sessions.chosen, null)
   await w.prompted('ses_root')
   await w.prompted('ses_root')
   assert.equal(w.relay.sessions.chosen, 'ses_root')
@@ -452,43 +422,35 @@ test('each busy to idle of the chosen session is one turn; other sessions make n
   w.status('ses_a', 'busy')
   // Another session prompted mid-turn: the old turn ends for lich.
   await w.prompted('ses_b')
-  await until(() => w.events().length === 5, [])
+  await until(() => w.events().length === 5)
   assert.deepEqual(w.events(), ['turn.start o1', 'turn.complete o1', 'turn.start o2', 'turn.complete o2', 'turn.start o3'])
 })
 
 // -- abort ----------------------------------------------------------------
 
-test('abort stops the running turn and answers once the session is idle', async () => {
-  const w = world({ 'session.status': { ses_a: { type: 'busy' } }, 'session.abort': true })
+test('abort stops the running turn and answers once the session is idle; one it does not follow is reported', async () => {
+  let statuses = {}
+  const w = world({ 'session.status': () => statuses, 'session.abort': true })
   await w.startTurn('ses_a')
+  // Refused: a turn that is not the running one, and one opencode says is idle.
+  w.call('c8', 'turn.abort', { turnId: 'o9' })
+  w.call('c9', 'turn.abort', { turnId: 'o1' })
+  assert.deepEqual(await w.result('c8'), { id: 'c8', ok: false, error: 'o9 is not the running turn' })
+  assert.deepEqual(await w.result('c9'), { id: 'c9', ok: false, error: 'no turn is running' })
+  statuses = { ses_a: { type: 'busy' } }
   w.call('c1', 'turn.abort', { turnId: 'o1' })
-  await until(() => w.client.named('session.abort').length === 1, [])
+  await until(() => w.client.named('session.abort').length === 1)
   await flush()
   assert.equal(w.posts.some(p => p.body.id === 'c1'), false, 'answered before the session went idle')
   w.status('ses_a', 'idle')
   assert.deepEqual(await w.result('c1'), { id: 'c1', ok: true, value: null })
   assert.equal(w.client.named('session.abort')[0].options.path.id, 'ses_a')
-})
-
-test('abort of a turn that is not the running one, or of an idle session, is refused', async () => {
-  const w = world({ 'session.status': {} })
-  await w.startTurn('ses_a')
-  w.call('c1', 'turn.abort', { turnId: 'o9' })
-  w.call('c2', 'turn.abort', { turnId: 'o1' })
-  assert.deepEqual(await w.result('c1'), { id: 'c1', ok: false, error: 'o9 is not the running turn' })
-  assert.deepEqual(await w.result('c2'), { id: 'c2', ok: false, error: 'no turn is running' })
-  assert.equal(w.client.named('session.abort').length, 0)
-})
-
-test('an abort the session does not follow is reported, not acked ok', async () => {
-  const w = world({ 'session.status': { ses_a: { type: 'busy' } }, 'session.abort': true })
-  await w.startTurn('ses_a')
-  w.call('c1', 'turn.abort', { turnId: 'o1' })
-  await until(() => w.sleeps.some(s => s.ms === 50), [])
-  w.sleeps.find(s => s.ms === 50).wake()
-  const result = await w.result('c1')
-  assert.equal(result.ok, false)
-  assert.match(result.error, /still busy/)
+  // The next turn, o2, is still busy when its settle time (the second sleep) is over.
+  w.status('ses_a', 'busy')
+  w.call('c2', 'turn.abort', { turnId: 'o2' })
+  await until(() => w.sleeps.length === 2)
+  w.sleeps[1].wake()
+  assert.match((await w.result('c2')).error, /o2, but its session was still busy 0.05 s later/)
 })
 
 // -- commands -------------------------------------------------------------
@@ -497,7 +459,7 @@ test('a command waits for the running turn to end, then runs in the driven sessi
   const w = world({ 'command.list': [{ name: 'init' }, { name: 'word' }] })
   await w.startTurn('ses_a')
   w.call('c1', 'command.run', { command: 'word', args: 'apple' })
-  await until(() => w.client.named('command.list').length === 1, [])
+  await until(() => w.client.named('command.list').length === 1)
   await flush()
   assert.equal(w.client.named('session.command').length, 0)
   w.status('ses_a', 'idle')
@@ -508,11 +470,20 @@ test('a command waits for the running turn to end, then runs in the driven sessi
 // -- asks -----------------------------------------------------------------
 
 test('an ask forks the driven session, prompts the fork with tools off, answers and deletes the fork', async () => {
-  const w = world({
+  let w
+  w = world({
     'session.fork': { id: 'ses_fork' },
-    'session.prompt': { info: { role: 'assistant' }, parts: [{ type: 'step-start' }, { type: 'text', text: 'I am ' }, { type: 'text', text: 'testing' }] },
+    // The fork being prompted does not become the driven session.
+    'session.prompt': async () => {
+      w.created('ses_fork')
+      await w.prompted('ses_fork')
+      return { info: { role: 'assistant' }, parts: [{ type: 'step-start' }, { type: 'text', text: 'I am ' }, { type: 'text', text: 'testing' }] }
+    },
     'session.delete': true,
   })
+  // Before any session there is nothing to fork.
+  w.call('c0', 'model.fork', { prompt: 'q' })
+  assert.deepEqual((await w.result('c0')).value, { isAnswered: false, reason: 'nothing-to-fork' })
   await w.startTurn('ses_a')
   w.call('c1', 'model.fork', { prompt: '<preamble>Question: what now?' })
   assert.deepEqual(await w.result('c1'), { id: 'c1', ok: true, value: { isAnswered: true, text: 'I am testing' } })
@@ -523,29 +494,7 @@ test('an ask forks the driven session, prompts the fork with tools off, answers 
   })
   assert.deepEqual(w.client.named('session.delete')[0].options.path, { id: 'ses_fork' })
   assert.equal(w.client.named('session.abort').length + w.client.named('session.promptAsync').length, 0)
-})
-
-test('the fork being prompted does not become the driven session', async () => {
-  let w
-  w = world({
-    'session.fork': { id: 'ses_fork' },
-    'session.prompt': async () => {
-      w.created('ses_fork')
-      await w.prompted('ses_fork')
-      return { info: {}, parts: [{ type: 'text', text: 'fine' }] }
-    },
-  })
-  await w.prompted('ses_a')
-  w.call('c1', 'model.fork', { prompt: 'q' })
-  await w.result('c1')
   assert.equal(w.relay.sessions.chosen, 'ses_a')
-})
-
-test('an ask before any session has nothing to fork', async () => {
-  const w = world()
-  w.call('c1', 'model.fork', { prompt: 'q' })
-  assert.deepEqual((await w.result('c1')).value, { isAnswered: false, reason: 'nothing-to-fork' })
-  assert.equal(w.client.named('session.fork').length, 0)
 })
 
 test('a fork whose prompt fails is still deleted', async () => {
@@ -647,22 +596,17 @@ async function resultSocket(backlog) {
 
 test('a burst of 1,200 results settling at once reaches the daemon whole', async () => {
   const socket = await resultSocket(8)
-  const calls = 1200
   // The relay's own socket post and clock: only the client and the daemon's process are fakes.
-  const client = fakeClient()
-  const daemon = new FakeDaemon()
-  const relay = new Relay({ client, python: '/venv/bin/python', data: '/data', spawn: () => daemon })
-  relay.start()
+  const w = world({}, { realSocket: true, hello: false })
   try {
-    daemon.say({ op: 'hello', protocol: 1, pid: 7, socket: socket.path, version: '0.1.0' })
+    w.hello(socket.path)
     // One write, as a daemon whose asks all settled together writes them.
-    daemon.stdout.write(Array.from({ length: calls }, (_, i) => JSON.stringify({ op: 'call', id: `c${i}`, method: 'overrides.set', args: {} })).join('\n') + '\n')
-    await until(() => socket.ids.size === calls || client.named('app.log').some(c => c.options.body.message.includes('could not be reached')), [], 60_000)
-    const lost = client.named('app.log').filter(c => c.options.body.message.includes('could not be reached'))
-    assert.deepEqual(lost.map(c => c.options.body.message).slice(0, 3), [], `${lost.length} results lost`)
-    assert.equal(socket.ids.size, calls)
+    w.daemon().stdout.write(Array.from({ length: 1200 }, (_, i) => JSON.stringify({ op: 'call', id: `c${i}`, method: 'overrides.set', args: {} })).join('\n') + '\n')
+    const lost = () => w.logs().filter(m => m.includes('could not be reached'))
+    await until(() => socket.ids.size === 1200 || lost().length > 0, 60_000)
+    assert.deepEqual(lost().slice(0, 3), [], `${lost().length} results lost`)
   } finally {
-    relay.stop()
+    w.relay.stop()
     await socket.close()
   }
 })
