@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from xml.sax.saxutils import escape as xml_escape
 from typing import Any, Optional
 
 import attrs
@@ -117,7 +118,9 @@ class Command:
                 fields["notification"] = Notification(note["status"], note["summary"])
         except _Bad as bad:
             return cls(id=cid, kind=kind, problem=str(bad))
-        if fields.get("effort") not in EFFORTS + (None,):
+        # An empty effort is none of the five: refused, as the seed says; an
+        # empty model keeps reading as absent (the override dropped).
+        if fields.get("effort") not in EFFORTS + (None,) or item.get("effort") == "":
             return cls(id=cid, kind=kind, problem=UNKNOWN_EFFORT)
         return cls(id=cid, kind=kind, **fields)
 
@@ -130,8 +133,8 @@ def notification_text(text: str, note: Notification) -> str:
     """
     return (
         "<task-notification>\n"
-        f"<status>{_xml_escape(note.status)}</status>\n"
-        f"<summary>{_xml_escape(note.summary)}</summary>\n"
+        f"<status>{xml_escape(note.status)}</status>\n"
+        f"<summary>{xml_escape(note.summary)}</summary>\n"
         f"<result>{text}</result>\n"
         "</task-notification>"
     )
@@ -167,7 +170,3 @@ def _string(item: dict, name: str) -> Optional[str]:
     if not isinstance(value, str):
         raise _Bad(f"{name} must be a string, not {_JSON_TYPES.get(type(value), type(value).__name__)}")
     return value
-
-
-def _xml_escape(value: str) -> str:
-    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

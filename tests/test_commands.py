@@ -118,6 +118,7 @@ def test_an_item_without_an_id_is_no_command(item):
         ({"id": "a", "kind": "prompt", "text": "x", "notification": {"status": "s"}}, "prompt", "notification must be an object with a status and a summary"),
         ({"id": "a", "kind": "model", "model": float("inf")}, "model", "model must be a string, not a number"),
         ({"id": "a", "kind": "effort", "effort": "extreme"}, "effort", "unknown effort"),
+        ({"id": "a", "kind": "effort", "effort": ""}, "effort", "unknown effort"),
         ({"id": "a", "kind": "command", "args": "x"}, "command", "the command has no name"),
         ({"id": "a", "kind": "command", "name": "compact", "args": ["x"]}, "command", "args must be a string, not an array"),
         ({"id": "a", "kind": "ask", "question": ""}, "ask", "the ask has no question"),
@@ -127,9 +128,10 @@ def test_a_command_with_bad_fields_carries_the_error_its_ack_will_give(item, kin
     assert Command.from_json(item) == Command(id="a", kind=kind, problem=problem)
 
 
-def test_every_documented_effort_is_accepted_and_an_absent_or_empty_field_reads_as_absent():
+def test_every_documented_effort_is_accepted_and_an_absent_effort_or_an_absent_or_empty_field_reads_as_absent():
     for effort in EFFORTS:
         assert Command.from_json({"id": "e", "kind": "effort", "effort": effort}) == Command(id="e", kind="effort", effort=effort)
+    assert Command.from_json({"id": "e", "kind": "effort"}) == Command(id="e", kind="effort")
     for absent in (None, ""):
         assert Command.from_json({"id": "a", "kind": "model", "model": absent}) == Command(id="a", kind="model")
         assert Command.from_json({"id": "b", "kind": "command", "name": "clear", "args": absent}) == Command(id="b", kind="command", name="clear")
