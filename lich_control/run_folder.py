@@ -39,6 +39,13 @@ def ensure(path: str) -> None:
         created = False  # judged below, as it is
     except OSError as exc:
         raise BadConfig(f"cannot create the run folder {path}: {exc.strerror}") from exc
+    check(path, created)
+
+
+def check(path: str, created: bool = False) -> None:
+    """BadConfig unless the run folder is a real folder (not a link), ours,
+    and writable by no one else; one just `created` is made 0700. The status
+    tool reads no folder the daemon would refuse."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:

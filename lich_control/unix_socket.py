@@ -27,6 +27,7 @@ import os
 import select
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -362,14 +363,16 @@ def _hang_up(sock: socket.socket, how: int = socket.SHUT_RDWR) -> None:
 
 class UnixConnection(http.client.HTTPConnection):
     """An `http.client` connection to a daemon's Unix socket, kept alive
-    between requests: `connect` dials the socket, the library does the rest."""
+    between requests: `connect` dials the socket, the library does the rest.
+    `timeout` bounds each exchange whole, not each read: a socket answering
+    a byte at a time holds its client no longer."""
 
     def __init__(self, path: str, timeout: float = 10.0):
         super().__init__("localhost", timeout=timeout)
         self.socket_path = path
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _BoundedSocket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)
             sock.connect(self.socket_path)
@@ -379,16 +382,24 @@ class UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
     def exchange(self, method: str, url: str, body: Optional[bytes] = None, headers: Optional[dict] = None) -> Tuple[int, bytes]:
-        """(status, body) of one request on this connection."""
+        """(status, body) of one request on this connection, within `timeout`."""
+        if self.sock is None:
+            self.connect()
+        self.sock.deadline = time.monotonic() + self.timeout
         self.request(method, url, body=body, headers=headers or {})
         response = self.getresponse()
         return response.status, response.read()
 
 
-def unix_request(path: str, method: str, url: str, body: Optional[bytes] = None, headers: Optional[dict] = None, timeout: float = 10.0) -> Tuple[int, bytes]:
-    """One request on a connection of its own: (status, body)."""
-    conn = UnixConnection(path, timeout)
-    try:
-        return conn.exchange(method, url, body, headers)
-    finally:
-        conn.close()
+class _BoundedSocket(socket.socket):
+    """A socket whose every read ends by `deadline` (time.monotonic)."""
+
+    deadline: Optional[float] = None
+
+    def recv_into(self, *args: Any) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("the exchange's deadline passed")
+            self.settimeout(left)
+        return super().recv_into(*args)

@@ -17,7 +17,9 @@ import pytest
 from lich_control.bridge import BadMessage
 from lich_control.commands import MAX_VALUES
 from lich_control.run_folder import NotOurs
-from lich_control.unix_socket import MAX_BODY, Connections, Routes, SocketLimits, UnixConnection, UnixHttpServer, unix_request
+from lich_control.unix_socket import MAX_BODY, Connections, Routes, SocketLimits, UnixConnection, UnixHttpServer
+
+from relay import unix_request
 
 JSON = {"Content-Type": "application/json"}
 EVENT = b'{"event": "x"}'
