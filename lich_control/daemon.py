@@ -11,9 +11,9 @@ Threads, each owning its own state:
                parent gone, the poller crashed) and runs the shutdown;
   lich-poller  the long poll and its backoff (Poller);
   lich-worker  the ordered commands and the overrides (Worker);
-  lich-ack_0   sends the acks of prompts, slash commands and asks as their
+  lich-ack     sends the acks of prompts, slash commands and asks as their
                calls settle (Acks: off the thread that settled them);
-  lich-ask_0   writes each fork's call, so the poller never writes (Asks);
+  lich-ask     writes each fork's call, so the poller never writes (Asks);
   lich-call-deadlines  settles each call its deadline overtakes (Bridge);
   lich-socket  accepts the relay's connections, a thread per connection
                (unix_socket);
@@ -69,6 +69,9 @@ OUR_SIGNALS = {*STOP_SIGNALS, signal.SIGALRM, PARENT_DEATH_SIGNAL}
 PR_SET_PDEATHSIG = 1
 PARENT_CHECK_SECONDS = 1.0
 REFUSED = 2  # the relay does not restart a daemon that exits with it (bridge.md)
+# Another daemon still holds the session's lock: the relay starts this one
+# again after a pause, for as long as that lasts (EX_TEMPFAIL).
+LOCK_HELD = 75
 
 
 class Daemon:
@@ -97,7 +100,6 @@ class Daemon:
         if self.stop_reason is not None:
             return
         self._started = True
-        self.worker.start()
         self.poller.start()
         log.info("polling lich on port %d for session %s", self.config.port, self.config.session_id)
 
@@ -120,17 +122,27 @@ class Daemon:
 
     def shutdown(self, grace: float = STOP_GRACE) -> None:
         """Stop polling first (a parked poll is cut, never left to take
-        commands nobody will apply), then let work already under way finish
-        within `grace`; start nothing new. Threads never started are left alone."""
+        commands nobody will apply), and start nothing new; then fail every
+        call still waiting on the session, so that its command is acked with
+        why, and let the work under way finish within `grace`. A thread
+        that overran it is said in the log. Threads never started are left alone."""
         log.info("stopping: %s", self.stop_reason)
+        deadline = time.monotonic() + grace  # one budget for all, so the exit stays within 2 s
+
+        def within_grace(name: str, stop: Callable[[float], bool]) -> None:
+            if not stop(max(0.0, deadline - time.monotonic())):
+                log.warning("%s did not stop within the %g s grace; the exit cuts it short", name, grace)
+
         if self._started:
-            deadline = time.monotonic() + grace  # one budget for all, so the exit stays within 2 s
-            left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
-            self.poller.stop(timeout=left())
-            self.asks.stop()
-            self.worker.stop(timeout=left())
-            self.acks.stop(timeout=left())
-        self.engine.close("the daemon is stopping")
+            within_grace("the poller", self.poller.stop)
+            self.worker.stop(0)  # from here nothing new starts
+            self.asks.stop(0)
+        # Every call still waiting on the session fails now, so that its
+        # command is acked with why (the acks thread sends it in the grace).
+        self.engine.close(f"the daemon stopped before the session answered ({self.stop_reason})")
+        if self._started:
+            for name, stop in (("the worker", self.worker.stop), ("the asks", self.asks.stop), ("the acks", self.acks.stop)):
+                within_grace(name, stop)
 
     def _crashed(self, reason: str) -> None:
         self.exit_code = 1
@@ -190,6 +202,8 @@ def run(config: Config, parent: int, host: Optional[str] = None, simulated=None)
             held.enter_context(UnixHttpServer(socket_path, routes))
         except BadConfig as exc:
             return _refused(exc)
+        except run_folder.LockHeld as exc:
+            return _refused(exc, LOCK_HELD)
         held.callback(lambda: log.info("stopped: %s", daemon.stop_reason))
 
         watch = ParentWatch(parent, daemon.request_stop, has_death_signal=set_parent_death_signal(PARENT_DEATH_SIGNAL))
@@ -230,13 +244,13 @@ def arm_exit_deadline(seconds: float) -> None:
     signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
-def _refused(exc: BadConfig) -> int:
-    """A configuration the daemon refuses: its one line, and exit 2."""
+def _refused(exc: Exception, code: int = REFUSED) -> int:
+    """A start the daemon refuses: its one line, and `code`."""
     try:
         print(f"lich-control: {escape(str(exc), 1000)}", file=sys.stderr, flush=True)
     except OSError:
         pass  # a stderr that takes nothing: the exit code says it
-    return REFUSED
+    return code
 
 
 def _no_relay(doc) -> None:

@@ -102,8 +102,10 @@ def _refusal(path: str, problem: str) -> str:
     return f"{path} {problem}, not a file the daemon made: it will not write through it; remove it"
 
 
-class LockHeld(BadConfig):
-    """Another daemon holds the session's lock."""
+class LockHeld(Exception):
+    """Another daemon holds the session's lock: a passing state (a
+    predecessor on its way out), which the relay meets by starting the
+    daemon again, not a configuration to refuse."""
 
 
 @contextlib.contextmanager
@@ -124,7 +126,7 @@ def session_lock(path: str, session_id: str, wait: float) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise LockHeld(f"another daemon is still polling for session {session_id}; exiting") from None
+                    raise LockHeld(f"another daemon is still polling for session {session_id}; exiting, to be started again once it is gone") from None
                 time.sleep(LOCK_RETRY_SECONDS)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
