@@ -80,9 +80,12 @@ def run_dir(env: Mapping[str, str]) -> str:
     relay, in a folder of its own, could not reach a relative one."""
     if env.get("LICH_CONTROL_RUN_DIR"):
         return os.path.abspath(env["LICH_CONTROL_RUN_DIR"])
-    # A relative XDG_RUNTIME_DIR is invalid, and to be ignored (the XDG Base Directory spec).
-    if os.path.isabs(env.get("XDG_RUNTIME_DIR") or ""):
-        return os.path.join(env["XDG_RUNTIME_DIR"], "lich-control")
+    # A relative XDG_RUNTIME_DIR is invalid, and to be ignored (the XDG Base
+    # Directory spec); one that is gone (systemd-logind removes it at the
+    # user's last logout, and only root can make it again) is passed over.
+    xdg = env.get("XDG_RUNTIME_DIR") or ""
+    if os.path.isabs(xdg) and os.path.isdir(xdg):
+        return os.path.join(xdg, "lich-control")
     import tempfile  # only here: ~8 ms of the daemon's start otherwise
 
     return os.path.join(tempfile.gettempdir(), f"lich-control-{os.getuid()}")

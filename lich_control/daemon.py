@@ -17,7 +17,7 @@ Threads, each owning its own state:
   lich-call-deadlines  settles each call its deadline overtakes (Bridge);
   lich-socket  accepts the relay's connections, a thread per connection
                (unix_socket);
-  lich-lifeline  watches the pipes to the parent (ParentWatch).
+  lich-lifeline  watches the pipes to the parent, and the socket (Lifeline).
 """
 import os
 
@@ -68,6 +68,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 OUR_SIGNALS = {*STOP_SIGNALS, signal.SIGALRM, PARENT_DEATH_SIGNAL}
 PR_SET_PDEATHSIG = 1
 PARENT_CHECK_SECONDS = 1.0
+IN_MOVED_FROM, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x40, 0x200, 0x400, 0x800  # <sys/inotify.h>
 REFUSED = 2  # the relay does not restart a daemon that exits with it (bridge.md)
 # Another daemon still holds the session's lock: the relay starts this one
 # again after a pause, for as long as that lasts (EX_TEMPFAIL).
@@ -92,7 +93,7 @@ class Daemon:
         self.acks = Acks(lambda: LichClient(config), activity)  # a client per sending thread
         self.worker = Worker(engine, turns, self.acks, activity, config.session_id)
         self.asks = Asks(engine, self.acks, activity, config.session_id)
-        self.poller = Poller(LichClient(config), self.worker.submit, self.asks.submit, activity, on_crash=self._crashed)
+        self.poller = Poller(LichClient(config), self.worker.submit, self.asks.submit, activity, on_crash=self.crashed)
 
     def start(self) -> None:
         """Start polling, unless a stop was asked for already (the relay
@@ -144,8 +145,11 @@ class Daemon:
             for name, stop in (("the worker", self.worker.stop), ("the asks", self.asks.stop), ("the acks", self.acks.stop)):
                 within_grace(name, stop)
 
-    def _crashed(self, reason: str) -> None:
-        self.exit_code = 1
+    def crashed(self, reason: str) -> None:
+        """Stop with exit 1, which the relay meets by starting another
+        daemon; not once stopping (the shutdown removes the socket itself)."""
+        if self.stop_reason is None:
+            self.exit_code = 1
         self.request_stop(reason)
 
 
@@ -199,14 +203,17 @@ def run(config: Config, parent: int, host: Optional[str] = None, simulated=None)
             # a SIGTERM at once), before the socket: from here a signal only
             # records a stop, and the way out below takes it.
             catch_signals(daemon, parent)
-            held.enter_context(UnixHttpServer(socket_path, routes))
+            server = held.enter_context(UnixHttpServer(socket_path, routes))
         except BadConfig as exc:
             return _refused(exc)
         except run_folder.LockHeld as exc:
             return _refused(exc, LOCK_HELD)
         held.callback(lambda: log.info("stopped: %s", daemon.stop_reason))
 
-        watch = ParentWatch(parent, daemon.request_stop, has_death_signal=set_parent_death_signal(PARENT_DEATH_SIGNAL))
+        watch = Lifeline(
+            parent, daemon.request_stop, set_parent_death_signal(PARENT_DEATH_SIGNAL),
+            server.removed, config.run_dir, on_lost=daemon.crashed,
+        )
         if not simulated:
             engine.hello(socket_path)
         watch.start()
@@ -275,18 +282,25 @@ def set_parent_death_signal(sig: int) -> bool:
     return False
 
 
-class ParentWatch:
-    """Calls `on_gone` once when the parent dies or closes our stdin or stdout.
+class Lifeline:
+    """Calls `on_gone` once when the parent dies or closes our stdin or
+    stdout, or `on_lost` once the socket the hello named is removed (the
+    run folder deleted under a running daemon: systemd-logind removes
+    $XDG_RUNTIME_DIR at the user's last logout).
 
-    Linux's parent-death signal covers the parent's death with no thread; a
-    watcher thread blocks in poll() on the pipes for the rest, and only where
-    the platform has no such signal does it also wake once a second to
-    compare the parent's pid."""
+    Linux's parent-death signal covers the parent's death with no thread,
+    and inotify the socket's removal; the lifeline thread blocks in poll()
+    on the pipes and the inotify descriptor. Only where either is missing
+    does it also wake once a second, to compare the parent's pid and look
+    for the socket."""
 
-    def __init__(self, parent_pid: int, on_gone: Callable[[str], None], has_death_signal: bool):
+    def __init__(self, parent_pid: int, on_gone: Callable[[str], None], has_death_signal: bool, socket_removed: Callable[[], bool], folder: str, on_lost: Callable[[str], None]):
         self._parent_pid = parent_pid
         self._on_gone = on_gone
-        self._timeout_ms = None if has_death_signal else int(PARENT_CHECK_SECONDS * 1000)
+        self._socket_removed = socket_removed
+        self._on_lost = on_lost
+        self._watch = watch_folder(folder)
+        self._timeout_ms = None if has_death_signal and self._watch is not None else int(PARENT_CHECK_SECONDS * 1000)
         self._thread = threading.Thread(target=self._run, name="lich-lifeline", daemon=True)
 
     def start(self) -> None:
@@ -305,15 +319,38 @@ class ParentWatch:
             poller.register(0, select.POLLIN)
         if _is_pipe(1):
             poller.register(1, 0)  # POLLHUP and POLLERR are always reported
+        if self._watch is not None:
+            poller.register(self._watch, select.POLLIN)
         while True:
             ready = poller.poll(self._timeout_ms)
             if os.getppid() != self._parent_pid:
                 return self._on_gone("the process that started the daemon is gone")
             for fd, event in ready:
-                if fd == 1:
+                if fd == self._watch:
+                    os.read(fd, 65536)  # something in the folder was removed: ours is looked for below
+                elif fd == 1:
                     return self._on_gone("the parent closed its end of the daemon's stdout")
-                if event != select.POLLIN or not os.read(0, 65536):  # the relay sends nothing on stdin: what comes is ignored
+                elif event != select.POLLIN or not os.read(0, 65536):  # the relay sends nothing on stdin: what comes is ignored
                     return self._on_gone("the parent closed the daemon's stdin")
+            if self._socket_removed():
+                return self._on_lost("its socket was removed (the run folder deleted under it?); starting again on a new one")
+
+
+def watch_folder(folder: str) -> Optional[int]:
+    """An inotify descriptor that turns readable when a name in `folder`
+    is removed or moved away, the folder itself too, or its file system
+    unmounted (Linux); None where there is no inotify."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, AttributeError):
+        return None
+    if fd < 0:
+        return None
+    if libc.inotify_add_watch(fd, os.fsencode(folder), IN_MOVED_FROM | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF) < 0:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _at_end(fd: int) -> bool:

@@ -93,8 +93,18 @@ class UnixHttpServer:
             self._listener.bind(self.path)
         finally:
             os.umask(old)
+        self._bound = os.lstat(self.path)
         self._listener.listen(BACKLOG)
         self._thread.start()
+
+    def removed(self) -> bool:
+        """True once the socket's file is gone from its path, or another is
+        there: the relay, which connects by path, can no longer reach it."""
+        try:
+            now = os.lstat(self.path)
+        except FileNotFoundError:
+            return True
+        return (now.st_dev, now.st_ino) != (self._bound.st_dev, self._bound.st_ino)
 
     def close(self) -> None:
         self._closing.set()

@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -107,6 +108,33 @@ def test_an_ack_already_being_sent_finishes_within_the_grace(relay, lich):
     lich.faults.release_acks()
     assert r.wait_exit(5) == 0
     assert [(a.id, a.answer) for a in lich.record.acks] == [("m12", 204)]
+
+
+def test_a_run_folder_removed_under_the_daemon_ends_it_with_1_and_what_was_in_flight_is_acked_with_why(relay, lich, run_dir):
+    # systemd-logind removes $XDG_RUNTIME_DIR at the last logout; lich runs on in tmux.
+    r = started(relay, lich)
+    lich.queue_all("s1", [{"id": "m1", "kind": "prompt", "text": "run the tests"}, {"id": "a1", "kind": "ask", "question": "what now?"}])
+    calls = {r.next_call()["method"], r.next_call()["method"]}
+    assert calls == {"prompt.submit", "model.fork"}  # both in flight: the session has not answered
+    shutil.rmtree(run_dir)
+    assert r.wait_exit(EXIT_WITHIN) == 1  # not 0: the relay starts another, on a socket that exists
+    said = "the daemon stopped before the session answered (its socket was removed (the run folder deleted under it?); starting again on a new one)"
+    for cid, kind in (("m1", "prompt"), ("a1", "ask")):
+        assert lich.record.ack_for(cid, WAIT) == {"session_id": "s1", "id": cid, "kind": kind, "ok": False, "error": said}
+
+
+def test_the_shutdown_says_which_thread_overran_its_grace(relay, lich, run_dir):
+    r = started(relay, lich)
+    lich.faults.hold_acks()
+    lich.queue("s1", {"id": "m12", "kind": "rewind"})
+    lich.record.wait_acks(1)
+    r.proc.send_signal(signal.SIGTERM)
+    try:
+        assert r.wait_exit(EXIT_WITHIN) == 0
+    finally:
+        lich.faults.release_acks()
+    with open(os.path.join(run_dir, "s1.log")) as log:
+        assert "the worker did not stop within the 1 s grace; the exit cuts it short" in log.read()
 
 
 def test_closing_stdin_is_the_parent_going_away(relay, lich):
