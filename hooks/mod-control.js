@@ -115,11 +115,15 @@ async function lichPluginPolls($) {
 }
 
 // Where each installed plugin's files are, from Claude Code's install
-// record; {} when it cannot be read.
+// record, read where Claude Code keeps it: in CLAUDE_CODE_PLUGIN_CACHE_DIR
+// when that is set (a leading ~ is the home folder), else in plugins/ of
+// its configuration folder; {} when it cannot be read.
 async function installPaths($) {
   try {
-    const configDir = (await $.env.get('CLAUDE_CONFIG_DIR')) || `${await $.env.get('HOME')}/.claude`
-    const record = JSON.parse(await $.fs.read(`${configDir}/plugins/installed_plugins.json`))
+    const home = await $.env.get('HOME')
+    const cache = await $.env.get('CLAUDE_CODE_PLUGIN_CACHE_DIR')
+    const plugins = cache ? cache.replace(/^~(?=\/|$)/, home) : `${(await $.env.get('CLAUDE_CONFIG_DIR')) || `${home}/.claude`}/plugins`
+    const record = JSON.parse(await $.fs.read(`${plugins}/installed_plugins.json`))
     const paths = {}
     for (const [id, installs] of Object.entries(record?.plugins ?? {})) {
       const found = Array.isArray(installs) ? installs.map(install => install?.installPath).filter(path => typeof path === 'string') : []
