@@ -15,8 +15,8 @@ Threads, each owning its own state:
                calls settle (Acks: off the thread that settled them);
   lich-ask     writes each fork's call, so the poller never writes (Asks);
   lich-call-deadlines  settles each call its deadline overtakes (Bridge);
-  lich-socket  accepts the relay's connections, a thread per connection
-               (unix_socket);
+  lich-socket  accepts the relay's connections, each served by a thread of
+               its own (unix_socket);
   lich-lifeline  watches the pipes to the parent, and the socket (Lifeline).
 """
 import os
@@ -42,7 +42,7 @@ from typing import Callable, Optional  # noqa: E402
 from . import __version__, run_folder  # noqa: E402
 from .acks import Acks  # noqa: E402
 from .activity import Activity  # noqa: E402
-from .bridge import BadMessage, Bridge, Turns  # noqa: E402
+from .bridge import Bridge, Turns  # noqa: E402
 from .config import BadConfig, Config, NotInLich, expected_parent, lock_wait  # noqa: E402
 from .lich import LichClient  # noqa: E402
 from .logs import Logs, Redactor, escape  # noqa: E402
@@ -186,11 +186,11 @@ def run(config: Config, parent: int, host: Optional[str] = None, simulated=None)
 
     if simulated:
         engine = simulated(turns)
-        routes = Routes(_no_relay, _no_relay, activity.snapshot, BadMessage)
+        routes = Routes(_no_relay, _no_relay, activity.snapshot)
     else:
         # Bound late: the bridge needs it before the daemon exists.
         engine = Bridge(sys.stdout.buffer, turns, on_broken=lambda reason: daemon.request_stop(reason))
-        routes = Routes(engine.result, engine.event, activity.snapshot, BadMessage)
+        routes = Routes(engine.result, engine.event, activity.snapshot)
     daemon = Daemon(config, engine, turns, activity)
 
     with contextlib.ExitStack() as held:

@@ -15,7 +15,7 @@ import pytest
 from conftest import SCAN_TOKEN
 from lich_control import status_cli as statuscli
 from lich_control.activity import Activity
-from lich_control.bridge import BadMessage, Turns
+from lich_control.bridge import Turns
 from lich_control.unix_socket import Routes, UnixHttpServer
 from lich_dev.faults import AckAnswer, Answer
 from lich_dev.procs import ROOT, daemon_env
@@ -47,7 +47,7 @@ def folder(tmp_path, monkeypatch):
 
     def serve(statuses):
         for name, status in statuses.items():
-            server = UnixHttpServer(str(tmp_path / f"{name}.sock"), Routes(None, None, status if callable(status) else lambda doc=status: doc, BadMessage))
+            server = UnixHttpServer(str(tmp_path / f"{name}.sock"), Routes(None, None, status if callable(status) else lambda doc=status: doc))
             server.listen()
             servers.append(server)
 
