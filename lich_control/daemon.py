@@ -6,18 +6,7 @@ A tool that simulates a session runs the same daemon with its own engine:
 `main(simulated=factory)` (the checkout's `python -m lich_dev.sim`). The
 daemon imports no tool.
 
-Threads, each owning its own state:
-  main         waits for a reason to stop (a signal, stdout broken, the
-               parent gone, the poller crashed) and runs the shutdown;
-  lich-poller  the long poll and its backoff (Poller);
-  lich-worker  the ordered commands and the overrides (Worker);
-  lich-ack     sends the acks of prompts, slash commands and asks as their
-               calls settle (Acks: off the thread that settled them);
-  lich-ask     writes each fork's call, so the poller never writes (Asks);
-  lich-call-deadlines  settles each call its deadline overtakes (Bridge);
-  lich-socket  accepts the relay's connections, each served by a thread of
-               its own (unix_socket);
-  lich-lifeline  watches the pipes to the parent, and the socket (Lifeline).
+The threads and what each owns: docs/architecture.md.
 """
 import os
 

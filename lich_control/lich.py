@@ -330,7 +330,7 @@ class _DeadlineSocket(socket.socket):
 def listener_uid(sock: socket.socket) -> Optional[int]:
     """The uid owning the far end of `sock`, a connected loopback TCP socket,
     or None where it cannot be told (not Linux, /proc unreadable, no row):
-    the token then goes as it did before the check.
+    the token then goes unchecked.
 
     While lich is down, any local user can listen on its port. The kernel
     gives the socket that accepted a connection the uid of its listening

@@ -20,7 +20,8 @@ from typing import Callable, List, Optional
 
 import attrs
 
-from .commands import Command, TooMany, loads
+from .commands import Command
+from .json_reader import TooMany, loads
 from .lich import LichClient, LichGone, PollFailed
 from .activity import Activity
 

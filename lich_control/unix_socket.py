@@ -8,7 +8,7 @@ test uses to reach a daemon's socket.
 The socket is 0600, so only the relay (and our own tools) ever connect, and
 the relay sends at most eight requests at once. What a request may cost is
 still bounded: a body over `MAX_BODY` is refused unread, one that would
-build more than `commands.MAX_VALUES` values is refused before anything is
+build more than `json_reader.MAX_VALUES` values is refused before anything is
 built, and a connection idle `idle_seconds` ends, so its thread does too.
 Nothing wakes on a timer: the accept and the reads block until the relay
 speaks, a read's timeout ends a connection, or `close` shuts the socket.
@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional, Tuple
 
 from .bridge import BadMessage
-from .commands import TooMany, loads
+from .json_reader import TooMany, loads
 from .run_folder import check_socket
 
 log = logging.getLogger("lich_control.socket")

@@ -12,7 +12,7 @@ import tracemalloc
 import pytest
 
 from lich_control.bridge import BadMessage
-from lich_control.commands import MAX_VALUES
+from lich_control.json_reader import MAX_VALUES
 from lich_control.run_folder import NotOurs
 from lich_control.unix_socket import MAX_BODY, Routes, UnixConnection, UnixHttpServer
 
