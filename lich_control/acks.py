@@ -144,8 +144,7 @@ class Acks:
         future.add_done_callback(lambda done: self._submit(done, ack_of))
 
     def stop(self, timeout: float) -> bool:
-        """Take nothing new; let the acks already submitted go within
-        `timeout`. True if they all went."""
+        """OrderedThread.stop: the acks already queued still go."""
         return self._thread.stop(timeout)
 
     def _submit(self, done: "Future[CallResult]", ack_of: Callable[[CallResult], Ack]) -> None:

@@ -135,8 +135,7 @@ class Daemon:
                 within_grace(name, stop)
 
     def crashed(self, reason: str) -> None:
-        """Stop with exit 1, which the relay meets by starting another
-        daemon; not once stopping (the shutdown removes the socket itself)."""
+        """Stop with exit 1: the relay starts another daemon (not once stopping: the shutdown removes the socket)."""
         if self.stop_reason is None:
             self.exit_code = 1
         self.request_stop(reason)
@@ -199,10 +198,7 @@ def run(config: Config, parent: int, host: Optional[str] = None, simulated=None)
             return _refused(exc, LOCK_HELD)
         held.callback(lambda: log.info("stopped: %s", daemon.stop_reason))
 
-        watch = Lifeline(
-            parent, daemon.request_stop, set_parent_death_signal(PARENT_DEATH_SIGNAL),
-            server.removed, config.run_dir, on_lost=daemon.crashed,
-        )
+        watch = Lifeline(parent, daemon.request_stop, set_parent_death_signal(PARENT_DEATH_SIGNAL), server, on_lost=daemon.crashed)
         if not simulated:
             engine.hello(socket_path)
         watch.start()
@@ -274,21 +270,18 @@ def set_parent_death_signal(sig: int) -> bool:
 class Lifeline:
     """Calls `on_gone` once when the parent dies or closes our stdin or
     stdout, or `on_lost` once the socket the hello named is removed (the
-    run folder deleted under a running daemon: systemd-logind removes
+    run folder deleted under the daemon: systemd-logind removes
     $XDG_RUNTIME_DIR at the user's last logout).
 
-    Linux's parent-death signal covers the parent's death with no thread,
-    and inotify the socket's removal; the lifeline thread blocks in poll()
-    on the pipes and the inotify descriptor. Only where either is missing
-    does it also wake once a second, to compare the parent's pid and look
-    for the socket."""
+    Its thread blocks in poll() on the pipes and an inotify watch of the run
+    folder; the parent's death is Linux's parent-death signal's. Only where
+    either is missing does it also wake once a second, to look."""
 
-    def __init__(self, parent_pid: int, on_gone: Callable[[str], None], has_death_signal: bool, socket_removed: Callable[[], bool], folder: str, on_lost: Callable[[str], None]):
+    def __init__(self, parent_pid: int, on_gone: Callable[[str], None], has_death_signal: bool, server: UnixHttpServer, on_lost: Callable[[str], None]):
         self._parent_pid = parent_pid
-        self._on_gone = on_gone
-        self._socket_removed = socket_removed
-        self._on_lost = on_lost
-        self._watch = watch_folder(folder)
+        self._on_gone, self._on_lost = on_gone, on_lost
+        self._server = server
+        self._watch = watch_folder(os.path.dirname(server.path))
         self._timeout_ms = None if has_death_signal and self._watch is not None else int(PARENT_CHECK_SECONDS * 1000)
         self._thread = threading.Thread(target=self._run, name="lich-lifeline", daemon=True)
 
@@ -321,7 +314,7 @@ class Lifeline:
                     return self._on_gone("the parent closed its end of the daemon's stdout")
                 elif event != select.POLLIN or not os.read(0, 65536):  # the relay sends nothing on stdin: what comes is ignored
                     return self._on_gone("the parent closed the daemon's stdin")
-            if self._socket_removed():
+            if self._server.removed():
                 return self._on_lost("its socket was removed (the run folder deleted under it?); starting again on a new one")
 
 

@@ -7,11 +7,7 @@ Text from outside is made safe by a `Redactor`: lich chooses every id, kind
 and reason it sends, and an error text may quote a URL, and so the token.
 The log filter passes every record through it, and the status document
 (activity.py) every string as it enters, so what one hides the other hides
-too:
-
-    redactor = Redactor(token)
-    redactor.clean(text, 200)   # redacted, escaped, cut to 200 characters
-    redactor.redact(text)       # only the token taken out
+too.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""OrderedThread: jobs run one at a time, in the order given, on a thread of
-their own. The worker's commands, the asks' fork calls and the acks of
-settled calls each have one; the daemon stops them all the same way."""
+"""OrderedThread: jobs run one at a time, in order, on a thread of their own:
+the worker's commands, the asks' fork calls, the acks of settled calls."""
 from __future__ import annotations
 
 import logging

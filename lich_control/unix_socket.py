@@ -1,17 +1,11 @@
-"""The daemon's Unix socket: HTTP/1.1 for the relay's results and events, and status.
+"""The daemon's Unix socket: HTTP/1.1 for the relay's results and events, and
+status, on `socketserver` and `http.server`; and `UnixConnection`, the
+`http.client` connection every tool and test reaches a daemon's socket with.
 
-Both ends are the standard library's: `socketserver`'s threading Unix
-server with `http.server`'s request handler on each connection, and
-`UnixConnection`, an `http.client` connection, the client every tool and
-test uses to reach a daemon's socket.
-
-The socket is 0600, so only the relay (and our own tools) ever connect, and
-the relay sends at most eight requests at once. What a request may cost is
-still bounded: a body over `MAX_BODY` is refused unread, one that would
-build more than `json_reader.MAX_VALUES` values is refused before anything is
-built, and a connection idle `idle_seconds` ends, so its thread does too.
-Nothing wakes on a timer: the accept and the reads block until the relay
-speaks, a read's timeout ends a connection, or `close` shuts the socket.
+The socket is 0600 and the relay sends at most eight requests at once, so
+only a request's own cost is bounded: a body over `MAX_BODY` is refused
+unread, one of more than `json_reader.MAX_VALUES` values before anything is
+built, and a connection idle `idle_seconds` ends, with its thread.
 """
 from __future__ import annotations
 
@@ -37,7 +31,6 @@ log = logging.getLogger("lich_control.socket")
 # A burst of results must be queued, never refused (bridge.md: at least 128).
 BACKLOG = 512
 MAX_BODY = 16 * 1024 * 1024
-SKIP_PIECE = 64 * 1024
 IDLE_SECONDS = 60.0
 # A request line and a header line are bounded by http.server (64 KiB) and
 # the number of header lines by http.client (100): both answer 414 or 431.
@@ -164,15 +157,16 @@ class _Handler(BaseHTTPRequestHandler):
         routes = self.server.routes
         sink = {"/v1/result": routes.result, "/v1/event": routes.event}.get(route)
         if self.command == "GET" and route == "/v1/status":
-            self._leave_body_unread()
             return 200, json.dumps(routes.status()).encode()  # ASCII: the document's text is already safe
         if self.command != "POST" or sink is None:
-            self._leave_body_unread()
+            self.close_connection = True  # no relay asks this: a body it may carry is left unread
             return (405, b"method not allowed\n") if route in ROUTES else (404, b"no such path\n")
-        length = self._declared_length()
-        if length is None:
+        length = self.headers.get("Content-Length")
+        # Chunked, or not a number ("²" is a digit to isdigit, not to int).
+        if length is None or "Transfer-Encoding" in self.headers or not (length.isascii() and length.isdigit()):
             self.close_connection = True
             return 411, b"a Content-Length is required\n"
+        length = int(length)
         if length > MAX_BODY:
             self.close_connection = True  # the body is left unread
             return 413, b"the body is too large\n"
@@ -195,24 +189,6 @@ class _Handler(BaseHTTPRequestHandler):
             return 400, f"{exc}\n".encode("utf-8", "backslashreplace")
         return 204, b""
 
-    def _leave_body_unread(self) -> None:
-        """Read past a refused request's body, so the connection stays usable
-        and the client's write of it never meets a closed socket; one that
-        cannot be read past (no length, too large, cut short) closes it,
-        so it is never taken for the next request."""
-        length = self._declared_length(missing="0")
-        if length is None or length > MAX_BODY or not _skip(self.rfile, length):
-            self.close_connection = True
-
-    def _declared_length(self, missing: Optional[str] = None) -> Optional[int]:
-        """The body's length as the request declares it (`missing` stands in
-        for no header); None when it cannot be read past: chunked, or not
-        a number ("²" is a digit to isdigit, not to int)."""
-        length = self.headers.get("Content-Length", missing)
-        if length is None or "Transfer-Encoding" in self.headers or not (length.isascii() and length.isdigit()):
-            return None
-        return int(length)
-
     def _reply(self, status: int, body: bytes) -> None:
         self.send_response(status)
         if status != 204:
@@ -231,17 +207,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.info("socket: " + format, *args)  # the library's own refusals; stderr is not ours to write
-
-
-def _skip(stream, size: int) -> bool:
-    """Read `size` bytes and keep none (a refused body may be 16 MiB);
-    False if the stream ends first."""
-    while size:
-        piece = stream.read(min(size, SKIP_PIECE))
-        if not piece:
-            return False
-        size -= len(piece)
-    return True
 
 
 class UnixConnection(http.client.HTTPConnection):

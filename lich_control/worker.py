@@ -48,8 +48,7 @@ class Worker:
         self._thread.submit(f"{command.id} ({command.kind})", self._take, command)
 
     def stop(self, timeout: float) -> bool:
-        """Start nothing new; let the command being applied finish within
-        `timeout` (its ack included). True if the thread ended."""
+        """OrderedThread.stop: the commands still queued are not applied."""
         return self._thread.stop(timeout)
 
     def _take(self, command: Command) -> None:
@@ -124,8 +123,7 @@ class Asks:
             log.info("the daemon is stopping: %s is not asked", command.id)
 
     def stop(self, timeout: float) -> bool:
-        """Start no fork from now on; True once the thread has ended. A fork
-        already asked is acked when it settles (Acks)."""
+        """OrderedThread.stop: the asks still queued are not asked."""
         return self._thread.stop(timeout)
 
     def _start(self, command: Command) -> None:
