@@ -86,7 +86,7 @@ class Poller:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 1.0) -> bool:
+    def stop(self, timeout: float) -> bool:
         """Stop polling, cutting a parked poll; True once the thread has ended."""
         self._stop.set()
         self._client.abandon()
