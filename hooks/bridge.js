@@ -13,6 +13,10 @@ const FIRST_DELAY_MS = 1000
 const HEALTHY_MS = 60_000
 // Exit 2: the daemon refused its configuration (bridge.md); a restart cannot mend that.
 const CONFIG_ERROR = 2
+// Exit 75: another daemon still polls for the session (one on its way out,
+// or one a person is stopping). That passes: the daemon is started again
+// after a pause for as long as it lasts, outside the restart budget.
+const LOCK_HELD = 75
 // A post that failed on the way is sent again after a pause, twice at most.
 const POST_ATTEMPTS = 3
 const RETRY_PAUSE_MS = 250
@@ -55,6 +59,7 @@ export class Bridge {
   async serve(host) {
     this.host = host
     let restarts = 0
+    let lockHeld = false
     while (!host.stopped?.()) {
       // Not awaited: the daemon starts the moment serve() is called.
       const began = host.now()
@@ -67,6 +72,13 @@ export class Bridge {
         host.log('error', `the daemon ${describe(end)}: its configuration is wrong; not restarting it`)
         break
       }
+      if (end.code === LOCK_HELD) {
+        if (!lockHeld) host.log('warn', `the daemon ${describe(end)}: another daemon still polls for this session; starting it again every few seconds until that one is gone`)
+        lockHeld = true
+        await host.sleep(FIRST_DELAY_MS)
+        continue
+      }
+      lockHeld = false
       const [from, to] = [await began, await host.now()]
       if (from !== undefined && to !== undefined && to - from >= HEALTHY_MS) restarts = 0
       if (restarts === RESTARTS) {

@@ -105,7 +105,7 @@ async function hookEnv($) {
 // plugin's folder, else <name>@inline, a folder loaded with --plugin-dir.
 async function dataFolder($) {
   try {
-    const plugins = (await $.env.get('CLAUDE_CODE_PLUGIN_CACHE_DIR')) || `${await configFolder($)}/plugins`
+    const plugins = await pluginsFolder($)
     const installs = await installPaths($)
     const id = Object.keys(installs).find(key => installs[key].includes($.plugin.root)) ?? `${$.plugin.name}@inline`
     return `${plugins}/data/${id.replace(/[^a-zA-Z0-9_-]/g, '-')}`
@@ -114,8 +114,13 @@ async function dataFolder($) {
   }
 }
 
-async function configFolder($) {
-  return (await $.env.get('CLAUDE_CONFIG_DIR')) || `${await $.env.get('HOME')}/.claude`
+// Claude Code's plugins folder, where it keeps the install record and each
+// plugin's data: CLAUDE_CODE_PLUGIN_CACHE_DIR when that is set (a leading ~
+// is the home folder), else plugins/ in its configuration folder.
+async function pluginsFolder($) {
+  const home = await $.env.get('HOME')
+  const cache = await $.env.get('CLAUDE_CODE_PLUGIN_CACHE_DIR')
+  return cache ? cache.replace(/^~(?=\/|$)/, home) : `${(await $.env.get('CLAUDE_CONFIG_DIR')) || `${home}/.claude`}/plugins`
 }
 
 // A `claude -p` run from a tool inside a lich session inherits its variables:
@@ -176,11 +181,10 @@ async function lichPluginPolls($) {
 }
 
 // Where each installed plugin's files are, from Claude Code's install
-// record; {} when it cannot be read.
+// record in its plugins folder; {} when it cannot be read.
 async function installPaths($) {
   try {
-    const configDir = (await $.env.get('CLAUDE_CONFIG_DIR')) || `${await $.env.get('HOME')}/.claude`
-    const record = JSON.parse(await $.fs.read(`${configDir}/plugins/installed_plugins.json`))
+    const record = JSON.parse(await $.fs.read(`${await pluginsFolder($)}/installed_plugins.json`))
     const paths = {}
     for (const [id, installs] of Object.entries(record?.plugins ?? {})) {
       const found = Array.isArray(installs) ? installs.map(install => install?.installPath).filter(path => typeof path === 'string') : []

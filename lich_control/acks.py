@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future
 from typing import Callable, Optional
 
 import attrs
@@ -18,6 +18,7 @@ import attrs
 from .bridge import CallResult
 from .lich import AckFailed, LichClient
 from .activity import Activity
+from .ordered import OrderedThread
 
 log = logging.getLogger("lich_control.acks")
 
@@ -114,13 +115,13 @@ class Acks:
     that settled the call must not wait so long: it is the socket's, and the
     relay's results must all be taken (bridge.md: "no result is refused"), or
     the deadline thread, which keeps the deadline of the abort the worker
-    awaits. The executor and each sending thread's lich client are this object's.
+    awaits. The ordered thread and each sending thread's lich client are this object's.
     """
 
     def __init__(self, client_factory: Callable[[], LichClient], activity: Activity):
         self._client_factory = client_factory
         self._activity = activity
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lich-ack")
+        self._thread = OrderedThread("lich-ack")
         self._local = threading.local()  # one lich client per sending thread
 
     def send(self, ack: Ack) -> bool:
@@ -143,24 +144,13 @@ class Acks:
         future.add_done_callback(lambda done: self._submit(done, ack_of))
 
     def stop(self, timeout: float) -> bool:
-        """Take nothing new; let the acks already submitted go within
-        `timeout`. True if they all went."""
-        last = self._pool.submit(lambda: None)  # one thread takes jobs in order: the last is done after all
-        self._pool.shutdown(wait=False)
-        return bool(wait([last], timeout).done)
+        """OrderedThread.stop: the acks already queued still go."""
+        return self._thread.stop(timeout)
 
     def _submit(self, done: "Future[CallResult]", ack_of: Callable[[CallResult], Ack]) -> None:
         """In the settling thread: queue the ack for the ack thread, and return."""
-        try:
-            self._pool.submit(self._send_result, done.result(), ack_of)
-        except RuntimeError:  # shut down: the daemon is stopping
+        if not self._thread.submit("an ack", lambda: self.send(ack_of(done.result()))):
             log.info("the daemon is stopping: a call settled now is not acked")
-
-    def _send_result(self, result: CallResult, ack_of: Callable[[CallResult], Ack]) -> None:
-        try:
-            self.send(ack_of(result))
-        except Exception:  # the ack thread's one catch-all: a bug loses this ack, said here, and no other
-            log.exception("an ack was lost")
 
     def _client(self) -> LichClient:
         client = getattr(self._local, "client", None)

@@ -1,5 +1,4 @@
-"""What lich sends, read once where it arrives: a JSON document within the
-daemon's memory bound (`loads`), and each command of a poll answer checked
+"""Each command of a poll answer, checked once where it arrives
 (`Command.from_json`), with the texts the worker and the asks make of them.
 
 `Command.from_json` never raises for an item: one lich gave an id becomes a
@@ -9,8 +8,7 @@ there is nothing to ack it under.
 """
 from __future__ import annotations
 
-import json
-import re
+from xml.sax.saxutils import escape as xml_escape
 from typing import Any, Optional
 
 import attrs
@@ -30,51 +28,6 @@ EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 UNKNOWN_KIND = "unknown kind"
 UNKNOWN_EFFORT = "unknown effort"
-
-# JSON values (brackets and commas) one document may build: ~100 bytes each
-# once built, so ~10 MB at most, where 16 MiB of `[{},{},...]` would build
-# 5.5 million dicts. A poll answer of 10,000 commands builds under 100,000.
-MAX_VALUES = 100_000
-# A JSON string, closed or running to the end of the text (so that no quote
-# starts a second scan to the end): what the count of values leaves out.
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
-
-
-class TooMany(ValueError):
-    """A document that would build more values than one may."""
-
-
-def _int_or_inf(digits: str) -> Any:
-    try:
-        return int(digits)
-    except ValueError:  # past sys.get_int_max_str_digits (4,300): no field takes a number anyway
-        return float(digits)
-
-
-_DECODER = json.JSONDecoder(parse_int=_int_or_inf)
-
-
-def loads(body: bytes) -> Any:
-    """One JSON document from outside the daemon, read as json.loads reads
-    bytes (UTF-8, -16 or -32, as RFC 8259 allows), but for two things: an
-    integer of more than 4,300 digits, which Python refuses the whole document
-    for, reads as infinity (a number: any field that wants a string refuses
-    it, so it costs its command alone); and a document that would build more
-    than MAX_VALUES values is refused (TooMany) before anything is built.
-    Raises ValueError (not JSON, not in a Unicode encoding) or RecursionError
-    (nested deeper than the interpreter's stack)."""
-    text = body.decode(json.detect_encoding(body), "surrogatepass")
-    if count_values(text) > MAX_VALUES:
-        raise TooMany(f"the body holds more than {MAX_VALUES:,} JSON values")
-    return _DECODER.decode(text)
-
-
-def count_values(text: str) -> int:
-    """The brackets and commas of a JSON text, its strings left out: one
-    pass of the regular expression engine, then five counts."""
-    bare = _STRING.sub("", text)
-    return sum(map(bare.count, "[]{},"))
-
 
 @attrs.frozen
 class Notification:
@@ -117,7 +70,9 @@ class Command:
                 fields["notification"] = Notification(note["status"], note["summary"])
         except _Bad as bad:
             return cls(id=cid, kind=kind, problem=str(bad))
-        if fields.get("effort") not in EFFORTS + (None,):
+        # An empty effort is none of the five: refused, as the seed says; an
+        # empty model keeps reading as absent (the override dropped).
+        if fields.get("effort") not in EFFORTS + (None,) or item.get("effort") == "":
             return cls(id=cid, kind=kind, problem=UNKNOWN_EFFORT)
         return cls(id=cid, kind=kind, **fields)
 
@@ -130,8 +85,8 @@ def notification_text(text: str, note: Notification) -> str:
     """
     return (
         "<task-notification>\n"
-        f"<status>{_xml_escape(note.status)}</status>\n"
-        f"<summary>{_xml_escape(note.summary)}</summary>\n"
+        f"<status>{xml_escape(note.status)}</status>\n"
+        f"<summary>{xml_escape(note.summary)}</summary>\n"
         f"<result>{text}</result>\n"
         "</task-notification>"
     )
@@ -167,7 +122,3 @@ def _string(item: dict, name: str) -> Optional[str]:
     if not isinstance(value, str):
         raise _Bad(f"{name} must be a string, not {_JSON_TYPES.get(type(value), type(value).__name__)}")
     return value
-
-
-def _xml_escape(value: str) -> str:
-    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

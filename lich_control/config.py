@@ -80,10 +80,13 @@ def run_dir(env: Mapping[str, str]) -> str:
     relay, in a folder of its own, could not reach a relative one."""
     if env.get("LICH_CONTROL_RUN_DIR"):
         return os.path.abspath(env["LICH_CONTROL_RUN_DIR"])
-    # A relative XDG_RUNTIME_DIR is invalid, and to be ignored (the XDG Base Directory spec).
-    if os.path.isabs(env.get("XDG_RUNTIME_DIR") or ""):
-        return os.path.join(env["XDG_RUNTIME_DIR"], "lich-control")
-    import tempfile  # only here: ~8 ms of the daemon's start otherwise
+    # A relative XDG_RUNTIME_DIR is invalid, and to be ignored (the XDG Base
+    # Directory spec); one that is gone (systemd-logind removes it at the
+    # user's last logout, and only root can make it again) is passed over.
+    xdg = env.get("XDG_RUNTIME_DIR") or ""
+    if os.path.isabs(xdg) and os.path.isdir(xdg):
+        return os.path.join(xdg, "lich-control")
+    import tempfile  # only here: it would slow every start (docs/performance.md)
 
     return os.path.join(tempfile.gettempdir(), f"lich-control-{os.getuid()}")
 
@@ -95,7 +98,7 @@ def session_path(folder: str, session_id: str, suffix: str) -> str:
         plain = os.path.join(folder, f"{session_id}.sock")
         if len(os.fsencode(plain)) <= MAX_SOCKET_PATH:
             return os.path.join(folder, f"{session_id}.{suffix}")
-    import hashlib  # only for the rare awkward id: OpenSSL takes 5-25 ms to load
+    import hashlib  # only for the rare awkward id: loading OpenSSL slows a start
 
     digest = hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return os.path.join(folder, f"s-{digest}.{suffix}")

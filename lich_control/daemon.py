@@ -6,18 +6,7 @@ A tool that simulates a session runs the same daemon with its own engine:
 `main(simulated=factory)` (the checkout's `python -m lich_dev.sim`). The
 daemon imports no tool.
 
-Threads, each owning its own state:
-  main         waits for a reason to stop (a signal, stdout broken, the
-               parent gone, the poller crashed) and runs the shutdown;
-  lich-poller  the long poll and its backoff (Poller);
-  lich-worker  the ordered commands and the overrides (Worker);
-  lich-ack_0   sends the acks of prompts, slash commands and asks as their
-               calls settle (Acks: off the thread that settled them);
-  lich-ask_0   writes each fork's call, so the poller never writes (Asks);
-  lich-call-deadlines  settles each call its deadline overtakes (Bridge);
-  lich-socket  accepts the relay's connections, a thread per connection
-               (unix_socket);
-  lich-lifeline  watches the pipes to the parent (ParentWatch).
+The threads and what each owns: docs/architecture.md.
 """
 import os
 
@@ -42,7 +31,7 @@ from typing import Callable, Optional  # noqa: E402
 from . import __version__, run_folder  # noqa: E402
 from .acks import Acks  # noqa: E402
 from .activity import Activity  # noqa: E402
-from .bridge import BadMessage, Bridge, Turns  # noqa: E402
+from .bridge import Bridge, Turns  # noqa: E402
 from .config import BadConfig, Config, NotInLich, expected_parent, lock_wait  # noqa: E402
 from .lich import LichClient  # noqa: E402
 from .logs import Logs, Redactor, escape  # noqa: E402
@@ -68,7 +57,11 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 OUR_SIGNALS = {*STOP_SIGNALS, signal.SIGALRM, PARENT_DEATH_SIGNAL}
 PR_SET_PDEATHSIG = 1
 PARENT_CHECK_SECONDS = 1.0
+IN_MOVED_FROM, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x40, 0x200, 0x400, 0x800  # <sys/inotify.h>
 REFUSED = 2  # the relay does not restart a daemon that exits with it (bridge.md)
+# Another daemon still holds the session's lock: the relay starts this one
+# again after a pause, for as long as that lasts (EX_TEMPFAIL).
+LOCK_HELD = 75
 
 
 class Daemon:
@@ -89,7 +82,7 @@ class Daemon:
         self.acks = Acks(lambda: LichClient(config), activity)  # a client per sending thread
         self.worker = Worker(engine, turns, self.acks, activity, config.session_id)
         self.asks = Asks(engine, self.acks, activity, config.session_id)
-        self.poller = Poller(LichClient(config), self.worker.submit, self.asks.submit, activity, on_crash=self._crashed)
+        self.poller = Poller(LichClient(config), self.worker.submit, self.asks.submit, activity, on_crash=self.crashed)
 
     def start(self) -> None:
         """Start polling, unless a stop was asked for already (the relay
@@ -97,7 +90,6 @@ class Daemon:
         if self.stop_reason is not None:
             return
         self._started = True
-        self.worker.start()
         self.poller.start()
         log.info("polling lich on port %d for session %s", self.config.port, self.config.session_id)
 
@@ -120,20 +112,32 @@ class Daemon:
 
     def shutdown(self, grace: float = STOP_GRACE) -> None:
         """Stop polling first (a parked poll is cut, never left to take
-        commands nobody will apply), then let work already under way finish
-        within `grace`; start nothing new. Threads never started are left alone."""
+        commands nobody will apply), and start nothing new; then fail every
+        call still waiting on the session, so that its command is acked with
+        why, and let the work under way finish within `grace`. A thread
+        that overran it is said in the log. Threads never started are left alone."""
         log.info("stopping: %s", self.stop_reason)
-        if self._started:
-            deadline = time.monotonic() + grace  # one budget for all, so the exit stays within 2 s
-            left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
-            self.poller.stop(timeout=left())
-            self.asks.stop()
-            self.worker.stop(timeout=left())
-            self.acks.stop(timeout=left())
-        self.engine.close("the daemon is stopping")
+        deadline = time.monotonic() + grace  # one budget for all, so the exit stays within 2 s
 
-    def _crashed(self, reason: str) -> None:
-        self.exit_code = 1
+        def within_grace(name: str, stop: Callable[[float], bool]) -> None:
+            if not stop(max(0.0, deadline - time.monotonic())):
+                log.warning("%s did not stop within the %g s grace; the exit cuts it short", name, grace)
+
+        if self._started:
+            within_grace("the poller", self.poller.stop)
+            self.worker.stop(0)  # from here nothing new starts
+            self.asks.stop(0)
+        # Every call still waiting on the session fails now, so that its
+        # command is acked with why (the acks thread sends it in the grace).
+        self.engine.close(f"the daemon stopped before the session answered ({self.stop_reason})")
+        if self._started:
+            for name, stop in (("the worker", self.worker.stop), ("the asks", self.asks.stop), ("the acks", self.acks.stop)):
+                within_grace(name, stop)
+
+    def crashed(self, reason: str) -> None:
+        """Stop with exit 1: the relay starts another daemon (not once stopping: the shutdown removes the socket)."""
+        if self.stop_reason is None:
+            self.exit_code = 1
         self.request_stop(reason)
 
 
@@ -170,11 +174,11 @@ def run(config: Config, parent: int, host: Optional[str] = None, simulated=None)
 
     if simulated:
         engine = simulated(turns)
-        routes = Routes(_no_relay, _no_relay, activity.snapshot, BadMessage)
+        routes = Routes(_no_relay, _no_relay, activity.snapshot)
     else:
         # Bound late: the bridge needs it before the daemon exists.
         engine = Bridge(sys.stdout.buffer, turns, on_broken=lambda reason: daemon.request_stop(reason))
-        routes = Routes(engine.result, engine.event, activity.snapshot, BadMessage)
+        routes = Routes(engine.result, engine.event, activity.snapshot)
     daemon = Daemon(config, engine, turns, activity)
 
     with contextlib.ExitStack() as held:
@@ -187,12 +191,14 @@ def run(config: Config, parent: int, host: Optional[str] = None, simulated=None)
             # a SIGTERM at once), before the socket: from here a signal only
             # records a stop, and the way out below takes it.
             catch_signals(daemon, parent)
-            held.enter_context(UnixHttpServer(socket_path, routes))
+            server = held.enter_context(UnixHttpServer(socket_path, routes))
         except BadConfig as exc:
             return _refused(exc)
+        except run_folder.LockHeld as exc:
+            return _refused(exc, LOCK_HELD)
         held.callback(lambda: log.info("stopped: %s", daemon.stop_reason))
 
-        watch = ParentWatch(parent, daemon.request_stop, has_death_signal=set_parent_death_signal(PARENT_DEATH_SIGNAL))
+        watch = Lifeline(parent, daemon.request_stop, set_parent_death_signal(PARENT_DEATH_SIGNAL), server, on_lost=daemon.crashed)
         if not simulated:
             engine.hello(socket_path)
         watch.start()
@@ -230,13 +236,13 @@ def arm_exit_deadline(seconds: float) -> None:
     signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
-def _refused(exc: BadConfig) -> int:
-    """A configuration the daemon refuses: its one line, and exit 2."""
+def _refused(exc: Exception, code: int = REFUSED) -> int:
+    """A start the daemon refuses: its one line, and `code`."""
     try:
         print(f"lich-control: {escape(str(exc), 1000)}", file=sys.stderr, flush=True)
     except OSError:
         pass  # a stderr that takes nothing: the exit code says it
-    return REFUSED
+    return code
 
 
 def _no_relay(doc) -> None:
@@ -261,18 +267,22 @@ def set_parent_death_signal(sig: int) -> bool:
     return False
 
 
-class ParentWatch:
-    """Calls `on_gone` once when the parent dies or closes our stdin or stdout.
+class Lifeline:
+    """Calls `on_gone` once when the parent dies or closes our stdin or
+    stdout, or `on_lost` once the socket the hello named is removed (the
+    run folder deleted under the daemon: systemd-logind removes
+    $XDG_RUNTIME_DIR at the user's last logout).
 
-    Linux's parent-death signal covers the parent's death with no thread; a
-    watcher thread blocks in poll() on the pipes for the rest, and only where
-    the platform has no such signal does it also wake once a second to
-    compare the parent's pid."""
+    Its thread blocks in poll() on the pipes and an inotify watch of the run
+    folder; the parent's death is Linux's parent-death signal's. Only where
+    either is missing does it also wake once a second, to look."""
 
-    def __init__(self, parent_pid: int, on_gone: Callable[[str], None], has_death_signal: bool):
+    def __init__(self, parent_pid: int, on_gone: Callable[[str], None], has_death_signal: bool, server: UnixHttpServer, on_lost: Callable[[str], None]):
         self._parent_pid = parent_pid
-        self._on_gone = on_gone
-        self._timeout_ms = None if has_death_signal else int(PARENT_CHECK_SECONDS * 1000)
+        self._on_gone, self._on_lost = on_gone, on_lost
+        self._server = server
+        self._watch = watch_folder(os.path.dirname(server.path))
+        self._timeout_ms = None if has_death_signal and self._watch is not None else int(PARENT_CHECK_SECONDS * 1000)
         self._thread = threading.Thread(target=self._run, name="lich-lifeline", daemon=True)
 
     def start(self) -> None:
@@ -291,15 +301,38 @@ class ParentWatch:
             poller.register(0, select.POLLIN)
         if _is_pipe(1):
             poller.register(1, 0)  # POLLHUP and POLLERR are always reported
+        if self._watch is not None:
+            poller.register(self._watch, select.POLLIN)
         while True:
             ready = poller.poll(self._timeout_ms)
             if os.getppid() != self._parent_pid:
                 return self._on_gone("the process that started the daemon is gone")
             for fd, event in ready:
-                if fd == 1:
+                if fd == self._watch:
+                    os.read(fd, 65536)  # something in the folder was removed: ours is looked for below
+                elif fd == 1:
                     return self._on_gone("the parent closed its end of the daemon's stdout")
-                if event != select.POLLIN or not os.read(0, 65536):  # the relay sends nothing on stdin: what comes is ignored
+                elif event != select.POLLIN or not os.read(0, 65536):  # the relay sends nothing on stdin: what comes is ignored
                     return self._on_gone("the parent closed the daemon's stdin")
+            if self._server.removed():
+                return self._on_lost("its socket was removed (the run folder deleted under it?); starting again on a new one")
+
+
+def watch_folder(folder: str) -> Optional[int]:
+    """An inotify descriptor that turns readable when a name in `folder`
+    is removed or moved away, the folder itself too, or its file system
+    unmounted (Linux); None where there is no inotify."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, AttributeError):
+        return None
+    if fd < 0:
+        return None
+    if libc.inotify_add_watch(fd, os.fsencode(folder), IN_MOVED_FROM | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF) < 0:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _at_end(fd: int) -> bool:

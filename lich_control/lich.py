@@ -1,20 +1,15 @@
-"""LichClient: the two HTTP exchanges with lich, a poll and an ack, on `requests`.
+"""LichClient: the two HTTP exchanges with lich, a poll and an ack, on
+`requests`, each with a total deadline, its answer bounded, and the owner
+of lich's port checked (docs/architecture.md, "To lich", says why each way).
 
-Each client is used by one thread (the poller, the worker, the acker, each
-ask); `abandon` is the one call another thread may make. Requests go
-straight to the adapter (`LoopbackAdapter`), which keeps one connection to
-loopback alive: no Session, so nothing reads a proxy or `.netrc` from the
-environment, nothing is retried, no redirect is followed (to follow one,
-requests would first read its whole body, past any limit), and each answer
-is streamed so no more than its limit is read.
-
-A failed exchange leaves as PollFailed or AckFailed, worded from the classes
-of the exceptions `requests` and urllib3 raise (their texts hold the URL, and
-so the token), raised from the original, which is logged with its traceback
-at debug level: the log filter takes the token out.
+Each client is used by one thread; `abandon` is the one call another thread
+may make. A failed exchange leaves as PollFailed or AckFailed, worded from
+the classes of the exceptions `requests` and urllib3 raise (their texts hold
+the URL, and so the token), raised from the original.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
 import ipaddress
@@ -252,10 +247,8 @@ class LoopbackAdapter(HTTPAdapter):
             self._abandoned = True
             sockets, self._sockets = self._sockets, []
         for sock in sockets:
-            try:
+            with contextlib.suppress(OSError):  # closed meanwhile
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # closed meanwhile
 
 
 class _Connection(HTTPConnection):
@@ -330,7 +323,7 @@ class _DeadlineSocket(socket.socket):
 def listener_uid(sock: socket.socket) -> Optional[int]:
     """The uid owning the far end of `sock`, a connected loopback TCP socket,
     or None where it cannot be told (not Linux, /proc unreadable, no row):
-    the token then goes as it did before the check.
+    the token then goes unchecked.
 
     While lich is down, any local user can listen on its port. The kernel
     gives the socket that accepted a connection the uid of its listening

@@ -7,11 +7,7 @@ Text from outside is made safe by a `Redactor`: lich chooses every id, kind
 and reason it sends, and an error text may quote a URL, and so the token.
 The log filter passes every record through it, and the status document
 (activity.py) every string as it enters, so what one hides the other hides
-too:
-
-    redactor = Redactor(token)
-    redactor.clean(text, 200)   # redacted, escaped, cut to 200 characters
-    redactor.redact(text)       # only the token taken out
+too.
 """
 from __future__ import annotations
 
@@ -262,13 +258,13 @@ class Logs:
         file.setFormatter(logging.Formatter(FORMAT))
         self._handlers: List[logging.Handler] = [self.stderr, file]
         self._root = logging.getLogger("lich_control")
-        self._root.setLevel(chosen)
-        self._root.propagate = False
         # urllib3 names URLs, and so the token, in some of its records: its
         # warnings come through the same filter, and nothing of it below that.
         self._wire = logging.getLogger("urllib3")
+        self._before = [(logger, logger.level, logger.propagate) for logger in (self._root, self._wire)]  # for close
+        self._root.setLevel(chosen)
         self._wire.setLevel(logging.WARNING)
-        self._wire.propagate = False
+        self._root.propagate = self._wire.propagate = False
         safe = SafeRecords(token)  # on each handler, before it formats the record
         for handler in self._handlers:
             handler.addFilter(safe)
@@ -286,7 +282,11 @@ class Logs:
             self._root.error("uncaught exception in thread %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
     def close(self) -> None:
+        """Undo everything the setup changed: hooks, levels, propagation, handlers."""
         sys.excepthook, threading.excepthook = self._hooks
+        for logger, level, propagate in self._before:
+            logger.setLevel(level)
+            logger.propagate = propagate
         for handler in self._handlers:
             self._root.removeHandler(handler)
             self._wire.removeHandler(handler)

@@ -20,7 +20,8 @@ from typing import Callable, List, Optional
 
 import attrs
 
-from .commands import Command, TooMany, loads
+from .commands import Command
+from .json_reader import TooMany, loads
 from .lich import LichClient, LichGone, PollFailed
 from .activity import Activity
 
@@ -85,7 +86,7 @@ class Poller:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 1.0) -> bool:
+    def stop(self, timeout: float) -> bool:
         """Stop polling, cutting a parked poll; True once the thread has ended."""
         self._stop.set()
         self._client.abandon()

@@ -39,6 +39,13 @@ def ensure(path: str) -> None:
         created = False  # judged below, as it is
     except OSError as exc:
         raise BadConfig(f"cannot create the run folder {path}: {exc.strerror}") from exc
+    check(path, created)
+
+
+def check(path: str, created: bool = False) -> None:
+    """BadConfig unless the run folder is a real folder (not a link), ours,
+    and writable by no one else; one just `created` is made 0700. The status
+    tool reads no folder the daemon would refuse."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -95,8 +102,10 @@ def _refusal(path: str, problem: str) -> str:
     return f"{path} {problem}, not a file the daemon made: it will not write through it; remove it"
 
 
-class LockHeld(BadConfig):
-    """Another daemon holds the session's lock."""
+class LockHeld(Exception):
+    """Another daemon holds the session's lock: a passing state (a
+    predecessor on its way out), which the relay meets by starting the
+    daemon again, not a configuration to refuse."""
 
 
 @contextlib.contextmanager
@@ -117,7 +126,7 @@ def session_lock(path: str, session_id: str, wait: float) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise LockHeld(f"another daemon is still polling for session {session_id}; exiting") from None
+                    raise LockHeld(f"another daemon is still polling for session {session_id}; exiting, to be started again once it is gone") from None
                 time.sleep(LOCK_RETRY_SECONDS)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())

@@ -3,8 +3,9 @@
     lich-mod-status [--json]            one line per daemon in the run folder
     lich-mod-status SESSION [--json]    everything one daemon tells
 
-Daemons are found as sockets in the run folder (`config.run_dir`'s rules);
-a socket nothing answers on is reported as stale. Exit 0 when a daemon
+Daemons are found as sockets in the run folder (`config.run_dir`'s rules),
+which must pass the daemon's own test (`run_folder.check`); a socket
+nothing answers on within 2 s, the whole exchange, is reported as stale. Exit 0 when a daemon
 answered for what was asked, 1 otherwise. The socket is reached with
 `unix_socket.UnixConnection`, the one client of a daemon's socket.
 
@@ -28,8 +29,8 @@ from typing import List, Optional
 
 import attrs
 
-from . import __version__
-from .config import run_dir, session_path
+from . import __version__, run_folder
+from .config import BadConfig, run_dir, session_path
 from .unix_socket import UnixConnection
 
 TIMEOUT = 2.0
@@ -252,6 +253,13 @@ def main(argv=None) -> int:
         sys.stdout.reconfigure(errors="backslashreplace")  # a terminal that cannot show a character
     folder = run_dir(os.environ)
     paint = Paint(sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+    try:
+        if os.path.lexists(folder):
+            # The daemon's own test: in a folder another user could write
+            # in, any socket could be theirs, and so could what it answers.
+            run_folder.check(folder)
+    except BadConfig as exc:
+        return _said(str(exc))
 
     if args.session is not None:
         path = session_path(folder, args.session, "sock")

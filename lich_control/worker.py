@@ -11,9 +11,7 @@ the call it started, and never sends: `Acks` sends, from one place.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Optional, Union
 
 import attrs
@@ -22,6 +20,7 @@ from .acks import Ack, Acks
 from .bridge import CallResult, Engine, Overrides, Turns
 from .commands import UNKNOWN_KIND, Command, ask_prompt, notification_text
 from .activity import Activity
+from .ordered import OrderedThread
 
 log = logging.getLogger("lich_control.worker")
 
@@ -30,11 +29,9 @@ log = logging.getLogger("lich_control.worker")
 QUICK_TIMEOUT = 10.0
 FORK_TIMEOUT = 300.0  # well past the 109 s the seed saw a real fork take
 
-_STOP = object()
-
 
 class Worker:
-    """The queue, the thread and the overrides are this object's; the
+    """The ordered thread and the overrides are this object's; the
     overrides are only ever replaced whole, so readers need no lock."""
 
     def __init__(self, engine: Engine, turns: Turns, acks: Acks, activity: Activity, session_id: str):
@@ -43,35 +40,19 @@ class Worker:
         self._acks = acks
         self._activity = activity
         self._session_id = session_id
-        self._queue: "queue.Queue" = queue.Queue()  # unbounded: put never blocks
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lich-worker", daemon=True)
+        self._thread = OrderedThread("lich-worker")
         self.overrides = Overrides()
-
-    def start(self) -> None:
-        self._thread.start()
 
     def submit(self, command: Command) -> None:
         """Queue a command; never blocks, so the poller never waits here."""
-        self._queue.put(command)
+        self._thread.submit(f"{command.id} ({command.kind})", self._take, command)
 
     def stop(self, timeout: float) -> bool:
-        """Start nothing new; let the command being applied finish within
-        `timeout` (its ack included). True if the thread ended."""
-        self._stopping.set()
-        self._queue.put(_STOP)
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def _run(self) -> None:
-        for command in iter(self._queue.get, _STOP):
-            try:
-                self._take(command)
-            except Exception:  # a bug costs its command (unacked, and said here), never the ones after it
-                log.exception("the worker lost %s (%s)", command.id, command.kind)
+        """OrderedThread.stop: the commands still queued are not applied."""
+        return self._thread.stop(timeout)
 
     def _take(self, command: Command) -> None:
-        if self._stopping.is_set():
+        if self._thread.stopping:
             self._activity.abandoned(command.id, "the daemon is stopping")
             return
         result = self._apply(command)
@@ -123,8 +104,8 @@ class Asks:
 
     An ask starts the moment its poll returns, several at once, and is acked
     whenever its fork answers, or failed at its deadline; a fork in flight
-    holds no thread, its ack goes from `Acks` once it settles. The pool is
-    this object's.
+    holds no thread, its ack goes from `Acks` once it settles. The ordered
+    thread that writes the fork calls is this object's.
     """
 
     def __init__(self, engine: Engine, acks: Acks, activity: Activity, session_id: str):
@@ -132,28 +113,26 @@ class Asks:
         self._acks = acks
         self._activity = activity
         self._session_id = session_id
-        # Its one thread writes each fork's call on stdout, off the poller's
-        # thread, which a relay slow to read stdout must never hold.
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lich-ask")
+        # It writes each fork's call on stdout, off the poller's thread,
+        # which a relay slow to read stdout must never hold.
+        self._thread = OrderedThread("lich-ask")
 
     def submit(self, command: Command) -> None:
-        self._activity.waiting(command.id, "ask pool")
-        try:
-            self._pool.submit(self._start, command)
-        except RuntimeError:  # the pool is shut: the daemon is stopping
+        self._activity.waiting(command.id, "ask thread")
+        if not self._thread.submit(f"the ask {command.id}", self._start, command):
             log.info("the daemon is stopping: %s is not asked", command.id)
 
-    def stop(self) -> None:
-        """Start nothing new; forks that settle from now on are not acked."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def stop(self, timeout: float) -> bool:
+        """OrderedThread.stop: the asks still queued are not asked."""
+        return self._thread.stop(timeout)
 
     def _start(self, command: Command) -> None:
-        try:
-            self._activity.waiting(command.id, "fork")
-            fork = self._engine.call("model.fork", {"prompt": ask_prompt(command.question)}, FORK_TIMEOUT)
-            self._acks.send_when_done(fork, lambda result: fork_ack(self._session_id, command, result))
-        except Exception:  # the ask thread's one catch-all: a bug costs this ask (unacked, said here), no other
-            log.exception("the ask %s was lost", command.id)
+        if self._thread.stopping:
+            self._activity.abandoned(command.id, "the daemon is stopping")
+            return
+        self._activity.waiting(command.id, "fork")
+        fork = self._engine.call("model.fork", {"prompt": ask_prompt(command.question)}, FORK_TIMEOUT)
+        self._acks.send_when_done(fork, lambda result: fork_ack(self._session_id, command, result))
 
 
 def fork_ack(session_id: str, command: Command, result: CallResult) -> Ack:

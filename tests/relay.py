@@ -11,7 +11,16 @@ import threading
 import time
 
 from lich_dev.procs import ROOT, daemon_env, stop
-from lich_control.unix_socket import unix_request
+from lich_control.unix_socket import UnixConnection
+
+
+def unix_request(path, method, url, body=None, headers=None, timeout=10.0):
+    """One request on a connection of its own: (status, body)."""
+    conn = UnixConnection(path, timeout)
+    try:
+        return conn.exchange(method, url, body, headers)
+    finally:
+        conn.close()
 
 
 class Relay:

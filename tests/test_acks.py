@@ -150,7 +150,7 @@ def test_acks_sent_when_done_go_from_the_ack_thread_in_the_order_their_calls_set
     first.set_result(CallResult.answered(None))
     assert acks.stop(5)  # what was submitted before the stop goes
     assert [json.loads(call.request.body)["id"] for call in mocked.calls] == ["m2", "m1"]
-    assert senders == ["lich-ack_0"] * 2
+    assert senders == ["lich-ack"] * 2
 
 
 def test_stop_waits_for_an_ack_under_way_no_longer_than_its_timeout(mocked, acks):
@@ -164,7 +164,7 @@ def test_stop_waits_for_an_ack_under_way_no_longer_than_its_timeout(mocked, acks
     assert acks.stop(0.05) is False
     release.set()
     for thread in threading.enumerate():
-        if thread.name == "lich-ack_0":
+        if thread.name == "lich-ack":
             thread.join(5)  # the ack ends, then the stopped thread: before the mock does
 
 

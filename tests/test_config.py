@@ -30,10 +30,12 @@ def test_ports_at_the_edges_are_taken():
     assert (parse_port("1"), parse_port("65535")) == (1, 65535)
 
 
-def test_the_run_folder_follows_the_documented_order():
-    assert run_dir({"LICH_CONTROL_RUN_DIR": "/a", "XDG_RUNTIME_DIR": "/b"}) == "/a"
-    assert run_dir({"XDG_RUNTIME_DIR": "/b"}) == "/b/lich-control"
+def test_the_run_folder_follows_the_documented_order(tmp_path):
+    assert run_dir({"LICH_CONTROL_RUN_DIR": "/a", "XDG_RUNTIME_DIR": str(tmp_path)}) == "/a"
+    assert run_dir({"XDG_RUNTIME_DIR": str(tmp_path)}) == str(tmp_path / "lich-control")
     assert run_dir({}).endswith(f"lich-control-{os.getuid()}")
+    # Removed at the user's last logout, and not ours to make again.
+    assert run_dir({"XDG_RUNTIME_DIR": str(tmp_path / "gone")}) == run_dir({})
 
 
 def test_a_relative_run_folder_is_made_absolute_and_a_relative_xdg_folder_ignored(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -109,6 +110,33 @@ def test_an_ack_already_being_sent_finishes_within_the_grace(relay, lich):
     assert [(a.id, a.answer) for a in lich.record.acks] == [("m12", 204)]
 
 
+def test_a_run_folder_removed_under_the_daemon_ends_it_with_1_and_what_was_in_flight_is_acked_with_why(relay, lich, run_dir):
+    # systemd-logind removes $XDG_RUNTIME_DIR at the last logout; lich runs on in tmux.
+    r = started(relay, lich)
+    lich.queue_all("s1", [{"id": "m1", "kind": "prompt", "text": "run the tests"}, {"id": "a1", "kind": "ask", "question": "what now?"}])
+    calls = {r.next_call()["method"], r.next_call()["method"]}
+    assert calls == {"prompt.submit", "model.fork"}  # both in flight: the session has not answered
+    shutil.rmtree(run_dir)
+    assert r.wait_exit(EXIT_WITHIN) == 1  # not 0: the relay starts another, on a socket that exists
+    said = "the daemon stopped before the session answered (its socket was removed (the run folder deleted under it?); starting again on a new one)"
+    for cid, kind in (("m1", "prompt"), ("a1", "ask")):
+        assert lich.record.ack_for(cid, WAIT) == {"session_id": "s1", "id": cid, "kind": kind, "ok": False, "error": said}
+
+
+def test_the_shutdown_says_which_thread_overran_its_grace(relay, lich, run_dir):
+    r = started(relay, lich)
+    lich.faults.hold_acks()
+    lich.queue("s1", {"id": "m12", "kind": "rewind"})
+    lich.record.wait_acks(1)
+    r.proc.send_signal(signal.SIGTERM)
+    try:
+        assert r.wait_exit(EXIT_WITHIN) == 0
+    finally:
+        lich.faults.release_acks()
+    with open(os.path.join(run_dir, "s1.log")) as log:
+        assert "the worker did not stop within the 1 s grace; the exit cuts it short" in log.read()
+
+
 def test_closing_stdin_is_the_parent_going_away(relay, lich):
     r = relay()
     socket_path = r.wait_hello()["socket"]
@@ -129,16 +157,21 @@ def test_closing_the_read_end_of_stdout_stops_the_daemon(daemon_env, lich):
         assert not os.path.exists(hello["socket"])
 
 
-def test_a_second_daemon_for_the_session_gives_up_with_one_clear_line(relay, lich, daemon_env):
+def test_a_second_daemon_for_the_session_exits_75_to_be_started_again_and_polls_once_the_first_is_gone(relay, lich, daemon_env):
     first = relay()
     first.wait_hello()
     parked(lich)
     second = daemon(daemon_env, LICH_CONTROL_LOCK_WAIT="0.5")
-    assert second.returncode == 2 and second.stdout == b""
+    # 75, not 2: the relay starts it again (bridge.js), where 2 would end polling for the session.
+    assert second.returncode == 75 and second.stdout == b""
     lines = second.stderr.decode().splitlines()
-    assert lines == ["lich-control: another daemon is still polling for session s1; exiting"]
+    assert lines == ["lich-control: another daemon is still polling for session s1; exiting, to be started again once it is gone"]
     assert len(lich.record.polls) == 1  # only the first one ever polled
     assert first.proc.poll() is None and first.status()["daemon"]["pid"] == first.proc.pid
+    first.stop()  # what docs/operations.md has a person do: kill the old daemon
+    again = relay()
+    again.wait_hello()
+    assert lich.wait_polled("s1", WAIT, more_than=1, parked=True)
 
 
 PARENT_THREAD = """

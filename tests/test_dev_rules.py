@@ -54,10 +54,10 @@ def test_a_kind_lich_does_not_know_is_refused_in_lichs_words(kind):
         ({"kind": "command", "name": " / "}, "a command needs the name of a slash command, and none was given"),
         ({"kind": "command"}, "a command needs the name of a slash command, and none was given"),
         ({"kind": "prompt", "text": 7}, "prompt command's text must be a string"),
-        ({"kind": "abort", "text": "x"}, "abort command carries a field that belongs to another kind (text)"),  # ownModFields
-        ({"kind": "model", "effort": "high"}, "model command carries a field that belongs to another kind (effort)"),
-        ({"kind": "ask", "question": "q?", "name": "clear"}, "ask command carries a field that belongs to another kind (name)"),
-        ({"kind": "model", "notification": NOTE}, "model command carries a field that belongs to another kind (notification)"),
+        ({"kind": "abort", "text": "x"}, "abort command carries a field that belongs to another kind"),  # ownModFields
+        ({"kind": "model", "effort": "high"}, "model command carries a field that belongs to another kind"),
+        ({"kind": "ask", "question": "q?", "name": "clear"}, "ask command carries a field that belongs to another kind"),
+        ({"kind": "model", "notification": NOTE}, "model command carries a field that belongs to another kind"),
     ],
 )
 def test_what_lich_refuses_to_queue_is_refused_in_its_words(command, refused):
@@ -127,6 +127,9 @@ def test_an_ack_lich_refuses_is_refused(doc, refused):
 def test_a_mod_acking_unknown_kind_is_reported_as_lich_reports_it():
     # RunModCommand: an acked "unknown kind" becomes "this session's lich-plugin is too old ..."
     assert reported_error({"ok": False, "error": "unknown kind"}) == PLUGIN_TOO_OLD
+    # lich trims the error (strings.TrimSpace) before it rewords it, and reports it trimmed
+    assert reported_error({"ok": False, "error": " \t unknown kind\n\u3000"}) == PLUGIN_TOO_OLD
+    assert reported_error({"ok": False, "error": "  no turn is running \n"}) == "no turn is running"
     assert PLUGIN_TOO_OLD.startswith("this session's lich-plugin is too old for it: update lich-plugin to 0.15.0")
     assert reported_error({"ok": False, "error": "unknown effort"}) == "unknown effort"
     assert reported_error({"ok": True}) is None and reported_error(None) is None

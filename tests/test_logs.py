@@ -136,6 +136,15 @@ def test_the_level_decides_what_is_written_and_close_writes_every_line(tmp_path)
     assert len(written) == 500 and written[-1].endswith("line 499")
 
 
+def test_close_puts_back_everything_the_setup_changed(tmp_path):
+    touched = [logging.getLogger("lich_control"), logging.getLogger("urllib3")]
+    hooks = sys.excepthook, threading.excepthook
+    before = [(lg.level, lg.propagate, list(lg.handlers)) for lg in touched]
+    Logs(SECRET, "DEBUG", str(tmp_path / "s1.log")).close()
+    assert [(lg.level, lg.propagate, list(lg.handlers)) for lg in touched] == before
+    assert (sys.excepthook, threading.excepthook) == hooks
+
+
 # -- the file --------------------------------------------------------------------------------
 
 

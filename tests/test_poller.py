@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from conftest import SCAN_TOKEN
 from fakes import ScriptedClient
-from lich_control.commands import MAX_VALUES
+from lich_control.json_reader import MAX_VALUES
 from lich_control.config import Config
 from lich_control.bridge import Turns
 from lich_control.lich import LichClient

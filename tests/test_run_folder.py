@@ -108,7 +108,7 @@ def test_only_a_socket_or_nothing_may_be_at_the_sockets_name(tmp_path):
 def test_the_lock_admits_one_holder_and_its_file_stays(tmp_path):
     path = str(tmp_path / "s1.lock")
     with session_lock(path, "s1", wait=0):
-        with pytest.raises(LockHeld, match="^another daemon is still polling for session s1; exiting$"):
+        with pytest.raises(LockHeld, match="^another daemon is still polling for session s1; exiting, to be started again once it is gone$"):
             with session_lock(path, "s1", wait=0):
                 pass
         assert open(path).read() == f"{os.getpid()}\n"

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from urllib.parse import quote
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from conftest import SCAN_TOKEN
 from lich_control import status_cli as statuscli
 from lich_control.activity import Activity
-from lich_control.bridge import BadMessage, Turns
+from lich_control.bridge import Turns
 from lich_control.unix_socket import Routes, UnixHttpServer
 from lich_dev.faults import AckAnswer, Answer
 from lich_dev.procs import ROOT, daemon_env
@@ -46,7 +47,7 @@ def folder(tmp_path, monkeypatch):
 
     def serve(statuses):
         for name, status in statuses.items():
-            server = UnixHttpServer(str(tmp_path / f"{name}.sock"), Routes(None, None, status if callable(status) else lambda doc=status: doc, BadMessage))
+            server = UnixHttpServer(str(tmp_path / f"{name}.sock"), Routes(None, None, status if callable(status) else lambda doc=status: doc))
             server.listen()
             servers.append(server)
 
@@ -123,6 +124,44 @@ def test_a_session_without_a_daemon_exits_1(run):
 def test_an_empty_run_folder_exits_1(folder, capsys):
     assert statuscli.main([]) == 1
     assert "no daemon answers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("foreign", ["another user's", "writable by others"])
+def test_a_run_folder_the_daemon_would_refuse_is_refused_and_nothing_in_it_asked(run, folder, monkeypatch, foreign):
+    # A folder another local user made first, with a socket answering what they like.
+    if foreign == "another user's":
+        monkeypatch.setattr(os, "geteuid", lambda: os.stat(folder.path).st_uid + 1)
+        said = "belongs to another user"
+    else:
+        os.chmod(folder.path, 0o777)
+        said = "is writable by other users"
+    for args in ([], ["live"], ["--json"]):
+        code, out, err = run(*args)
+        assert (code, out) == (1, "") and f"run folder {folder.path} {said}" in err
+
+
+def test_a_socket_answering_a_byte_at_a_time_is_given_the_limit_for_the_whole_exchange(tmp_path, background):
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "slow.sock"))
+    listener.listen()
+    done = threading.Event()
+
+    def trickle():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        for byte in b"HTTP/1.1 200 OK\r\nX-Pad: " + b"x" * 10_000:
+            if done.wait(0.05):
+                break
+            conn.sendall(bytes([byte]))
+        conn.close()
+
+    background.submit(trickle)
+    try:
+        asked = background.submit(statuscli.ask, str(tmp_path / "slow.sock"), 0.5)
+        assert asked.result(WAIT).stale == "stale socket: no answer within 0.5 s"
+    finally:
+        done.set()
+        listener.close()
 
 
 def test_output_off_a_terminal_has_no_colour(run):

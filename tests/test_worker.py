@@ -21,7 +21,6 @@ class Rig:
         self.acks = Acks(lambda: self.client, self.activity)
         self.worker = Worker(self.engine, self.turns, self.acks, self.activity, "s1")
         self.asks = Asks(self.engine, self.acks, self.activity, "s1")
-        self.worker.start()
 
     def send(self, *commands):
         for command in commands:
@@ -32,7 +31,7 @@ class Rig:
         return [(a.id, a.ok, a.error) for a in self.client.wait_acks(n)]
 
     def close(self):
-        self.asks.stop()
+        assert self.asks.stop(WAIT)
         self.engine.close("the test is over")  # an awaited call left unanswered ends here
         assert self.worker.stop(WAIT)
         assert self.acks.stop(WAIT)
@@ -168,7 +167,7 @@ def test_a_command_that_fails_unexpectedly_costs_itself_alone(make_rig, caplog):
     rig = make_rig(activity=Failing)
     rig.send(rewind("m12"), rewind("m13"))
     assert rig.acks_sent(1) == [("m13", False, "unknown kind")]
-    assert "the worker lost m12 (rewind)" in caplog.text and "RuntimeError: on purpose" in caplog.text
+    assert "m12 (rewind) was lost" in caplog.text and "RuntimeError: on purpose" in caplog.text
 
 
 def test_stop_starts_nothing_new_and_lets_the_ack_under_way_finish(rig):

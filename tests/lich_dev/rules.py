@@ -88,7 +88,7 @@ def check_command(command: Mapping[str, Any], kinds: Mapping[str, Tuple[str, ...
     own = set(kinds[kind]) | {"id", "kind"}
     strangers = sorted(name for name in queued if name not in own)
     if strangers:
-        raise Refused(f"{kind} command carries a field that belongs to another kind ({', '.join(strangers)})")
+        raise Refused(f"{kind} command carries a field that belongs to another kind")
     if kind == "prompt":
         if _go_blank(queued.get("text", "")):
             raise Refused("prompt command has no text")
@@ -125,8 +125,8 @@ def _runnable_name(name: str) -> str:
 
 def _notification(value: Any) -> Dict[str, str]:
     """A prompt's notification as lich queues it (a status it knows and a
-    summary to show), or `Refused`. The wording is the stub's: the copy of
-    lich's source read for it does not show this check's."""
+    summary to show), or `Refused`. The wording is the stub's: lich's
+    checkNotification is newer than the copies of its source readable here."""
     if not isinstance(value, dict) or set(value) != {"status", "summary"} or not all(isinstance(v, str) for v in value.values()):
         raise Refused("a prompt's notification must be an object with a status and a summary, both strings")
     if value["status"] not in NOTIFICATION_STATUSES:
@@ -178,10 +178,13 @@ def validate_ack(doc: Any, kinds: Mapping[str, Tuple[str, ...]] = CONTRACT_KINDS
 
 def reported_error(ack: Optional[Mapping[str, Any]]) -> Optional[str]:
     """A failed ack's error as lich reports it to whoever issued the command:
-    a mod's `unknown kind` means its plugin predates the kind."""
+    trimmed of white space as lich takes it (parseModAck), then a mod's
+    `unknown kind` means its plugin predates the kind."""
     if ack is None or ack.get("ok") is True:
         return None
     error = ack.get("error")
+    if isinstance(error, str):
+        error = error.strip(_GO_SPACE)
     return PLUGIN_TOO_OLD if error == UNKNOWN_KIND else error
 
 

@@ -307,6 +307,21 @@ test('a daemon that exits 0, or 2 (its configuration refused), is not restarted'
   }
 })
 
+test('a daemon that finds the session held by another (exit 75) is started again after a pause for as long as that lasts, outside the budget', async () => {
+  const w = world({}, { hello: false })
+  for (let attempt = 1; attempt <= 8; attempt++) {
+    w.daemon().exit(75)
+    await until(() => w.sleeps.length === attempt)
+    assert.equal(w.sleeps.at(-1).ms, 1000)
+    w.sleeps.at(-1).wake()
+    await until(() => w.daemons.length === attempt + 1)
+  }
+  assert.deepEqual(w.logs(), ['lich-control: the daemon exited with 75: another daemon still polls for this session; starting it again every few seconds until that one is gone'])
+  // The budget is whole: a crash after it is the first of five restarts.
+  w.daemon().exit(1)
+  await until(() => w.logs().some(m => m.includes('exited with 1; restart 1 of 5 in 1000 ms')))
+})
+
 test('what a daemon that ended asked for dies with it; one that ran a healthy minute earns a fresh restart budget', async () => {
   let list
   let now = 0

@@ -356,6 +356,16 @@ describe('next to lich-plugin', () => {
     })
   }
 
+  // Claude Code keeps its install record there when the variable is set.
+  test('with CLAUDE_CODE_PLUGIN_CACHE_DIR set, the install record is read in that folder', async ($, on) => {
+    const { installed, files } = release('0.14.0', ['./mod-control.js'], ['mod-control.js'])
+    const cache = { ...files, '/var/cache/cc/installed_plugins.json': installed }
+    const world = await started($, on, { settings: enabled(true), files: cache }, { ...LICH, CLAUDE_CODE_PLUGIN_CACHE_DIR: '/var/cache/cc' })
+    await world.untilLogged('registers a mod')
+    await world.clock.settle()
+    expect(world.children).toHaveLength(0)
+  })
+
   test('lich-plugin enabled, its install unknown: said plainly, and the daemon starts', async ($, on) => {
     const world = await spawnedWith($, on, { settings: enabled(true) })
     expect(world.logs.find(line => line.includes('lich@lich-plugin'))).toContain('what it registers could not be read')

@@ -41,6 +41,8 @@ with StubLich(token=os.environ["LICH_TOKEN"]) as lich:
     print(lich.port, flush=True)
     assert lich.wait_polled(session, timeout=30), "the daemon never polled"
     for line in sys.stdin:
+        # lich refuses a command for a session no daemon polls for (one restarting).
+        assert lich.wait_polled(session, timeout=30, parked=True), "no daemon polls"
         outcome = lich.send(session, json.loads(line), timeout=30)
         print(json.dumps({"ack": outcome.ack, "plugin": lich.polled(session).plugin}), flush=True)
 `
@@ -136,7 +138,13 @@ class FakeSession {
           await session.#endTurn(true)
         },
       },
-      command: { run: async ({ command }) => ({ text: `ran /${command}` }) },
+      // /hold is held until the test calls session.release(), `held` settling as it begins.
+      command: {
+        run: async ({ command }) => {
+          if (command === 'hold') await new Promise(release => ((session.release = release), session.begun()))
+          return { text: `ran /${command}` }
+        },
+      },
       model: {
         fork: async ({ prompt }) => {
           session.forks.push(prompt)
@@ -253,11 +261,31 @@ test('commands from lich reach the session through the daemon and the relay, and
     })
   })
 
+  // systemd-logind removes $XDG_RUNTIME_DIR at the user's last logout, and
+  // lich may run on in tmux: the relay's posts would find no socket.
+  await t.test('the run folder removed under the daemon: what is in flight is acked with why, and a new daemon takes the next command', async () => {
+    const [first] = session.children
+    const exited = once(first, 'exit')
+    const held = new Promise(begun => (session.begun = begun))
+    const acked = send({ id: 'm5', kind: 'command', name: 'hold' })
+    await held
+    rmSync(runDir, { recursive: true, force: true })
+    const { ack } = await acked
+    assert.deepEqual(ack, {
+      session_id: SESSION, id: 'm5', kind: 'command', ok: false,
+      error: 'the daemon stopped before the session answered (its socket was removed (the run folder deleted under it?); starting again on a new one)',
+    })
+    assert.deepEqual(await exited, [1, null])
+    session.release()
+    const next = await send({ id: 'm6', kind: 'model', model: 'claude-opus-4-1' })
+    assert.deepEqual(next.ack, { session_id: SESSION, id: 'm6', kind: 'model', ok: true })
+    assert.equal(session.children.length, 2)
+  })
+
   // What Claude Code does when the session ends: a 0 tells the relay not to
   // start it again.
   await t.test('the daemon stops on SIGTERM with 0', async () => {
-    assert.equal(session.children.length, 1)
-    const [child] = session.children
+    const child = session.children.at(-1)
     const exited = once(child, 'exit')
     child.kill('SIGTERM')
     assert.deepEqual(await exited, [0, null])
