@@ -501,7 +501,7 @@ def test_a_tool_runs_in_the_interpreter_the_relay_named(tmp_path):
     named.write_text('#!/bin/sh\nexec "{}" "$@"\n'.format(sys.executable))
     named.chmod(0o755)
     result = run_tool(tmp_path, "lich-mod-status", "--json", LICH_CONTROL_PYTHON=str(named))
-    assert json.loads(result.stdout) == {"run_dir": str(tmp_path / "run"), "daemons": []}, result.stderr
+    assert json.loads(result.stdout) == {"run_dir": str(tmp_path / "run"), "daemons": [], "setups": []}, result.stderr
 
 
 LICH = {"LICH_PORT": "4100", "LICH_TOKEN": "secret-token", "LICH_SESSION_ID": "card-1"}

@@ -42,6 +42,7 @@ def folder(tmp_path, monkeypatch):
     status given (a document, or what makes one)."""
     monkeypatch.setenv("LICH_CONTROL_RUN_DIR", str(tmp_path))
     monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("COLUMNS", raising=False)  # a terminal's width, where the suite runs in one
     servers = []
 
     def serve(statuses):
@@ -120,9 +121,26 @@ def test_a_session_without_a_daemon_exits_1(run):
     assert code == 1 and "no daemon for session nobody" in err
 
 
-def test_an_empty_run_folder_exits_1(folder, capsys):
-    assert statuscli.main([]) == 1
-    assert "no daemon answers" in capsys.readouterr().err
+def test_an_empty_run_folder_says_no_daemon_runs_and_exits_0(folder, capsys):
+    assert statuscli.main([]) == 0
+    assert capsys.readouterr().out == f"no daemon is running: none answers in {folder.path}\n"
+
+
+def test_what_the_setups_are_doing_follows_the_daemons(folder, capsys):
+    building = "a setup of lich-control's Python environment is running in /data (since 03:12:00, pid 7)"
+    assert statuscli.main([], setups=lambda: [building]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [building]
+    assert statuscli.main(["--json"], setups=lambda: [building]) == 0
+    assert json.loads(capsys.readouterr().out)["setups"] == [building]
+
+
+def test_the_overview_fits_the_terminal_and_cuts_the_widest_cells(run, monkeypatch):
+    _, wide, _ = run()
+    assert max(map(len, wide.splitlines())) > 80
+    monkeypatch.setenv("COLUMNS", "80")
+    _, out, _ = run()
+    assert max(map(len, out.splitlines())) <= 80
+    assert "…" in out and "  polling" in row(out, "live")
 
 
 def test_output_off_a_terminal_has_no_colour(run):
