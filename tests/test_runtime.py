@@ -20,6 +20,7 @@ import threading
 
 import pytest
 
+import lich_control
 from fakes import Clock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -496,12 +497,24 @@ def run_tool(tmp_path, tool, *args, **lich):
                           stderr=subprocess.PIPE, universal_newlines=True, env=env, timeout=60)
 
 
-def test_a_tool_runs_in_the_interpreter_the_relay_named(tmp_path):
+@pytest.fixture
+def named(tmp_path):
+    """An interpreter that has lich-control, as the relay names one."""
     named = tmp_path / "python"
     named.write_text('#!/bin/sh\nexec "{}" "$@"\n'.format(sys.executable))
     named.chmod(0o755)
-    result = run_tool(tmp_path, "lich-mod-status", "--json", LICH_CONTROL_PYTHON=str(named))
+    return str(named)
+
+
+def test_a_tool_runs_in_the_interpreter_the_relay_named(tmp_path, named):
+    result = run_tool(tmp_path, "lich-mod-status", "--json", LICH_CONTROL_PYTHON=named)
     assert json.loads(result.stdout) == {"run_dir": str(tmp_path / "run"), "daemons": [], "setups": []}, result.stderr
+
+
+@pytest.mark.parametrize("option, said", [("--version", lich_control.__version__ + "\n"), ("--help", "usage: lich-mod-daemon")])
+def test_the_daemon_outside_lich_answers_what_it_is_asked_about_itself(tmp_path, named, option, said):
+    result = run_tool(tmp_path, "lich-mod-daemon", option, LICH_CONTROL_PYTHON=named)
+    assert result.returncode == 0 and result.stdout.startswith(said), result.stderr
 
 
 LICH = {"LICH_PORT": "4100", "LICH_TOKEN": "secret-token", "LICH_SESSION_ID": "card-1"}
