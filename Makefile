@@ -10,7 +10,7 @@ VENV_PY := .venv/bin/python
 endif
 STAMP := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)/.lich-control-installed
 
-.PHONY: test demo run bench bench-setup plugin-check opencode-check install plugin-install clean
+.PHONY: test demo run bench bench-setup bench-first-poll plugin-check opencode-check install plugin-install clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@if [ -z "$(VIRTUAL_ENV)" ] && [ ! -x .venv/bin/python ]; then $(PYTHON) -m venv .venv; fi
@@ -45,6 +45,12 @@ bench:
 # next, which finds the environment ready. CPU and wall time; a few seconds a run.
 bench-setup:
 	PYTHONPATH=tests $(PYTHON) -m lich_bench.setup $(BENCH_ARGS)
+
+# From launching the pinned Claude Code to the daemon's first poll, in a
+# first session (it sets the daemon's Python up) and a next one: live, as
+# plugin-check's sessions run (Node.js and npm for Claude Code; a minute).
+bench-first-poll: $(STAMP)
+	PYTHONPATH=tests:tests/live $(VENV_PY) tests/live/bench_first_poll.py $(BENCH_ARGS)
 
 # The relay inside the pinned Claude Code, and end to end with the daemon;
 # then the opencode relay, live in the pinned opencode.
