@@ -589,18 +589,21 @@ def plugins_data(environ=os.environ):
 
 def setup_states(environ=os.environ):
     """What the setups in this plugin's data folders are doing, for a person:
-    one line for each that is building now, or whose last build failed."""
-    lines = []
+    for each that is building now, or whose last build failed,
+    {"data", "state": "running" or "failed", "text": one line}."""
+    states = []
     for data in data_folders(environ):
         running = read_json(os.path.join(data, RUNNING))
         failed = read_json(os.path.join(data, FAILURE))
         if isinstance(running, dict) and lock_held(os.path.join(data, LOCK)):
-            lines.append("a setup of lich-control's Python environment is running in {} (since {}, pid {}); "
-                         "the daemon starts when it is done".format(data, clock(running.get("started")), running.get("pid")))
+            states.append({"data": data, "state": "running", "text": (
+                "a setup of lich-control's Python environment is running in {} (since {}, pid {}); the daemon "
+                "starts when it is done".format(data, clock(running.get("started")), running.get("pid")))})
         elif isinstance(failed, dict):
-            lines.append("the last setup of lich-control's Python environment in {} failed at {}: {}. To try again: {}"
-                         .format(data, clock(failed.get("at")), failed.get("error"), retry_command(data)))
-    return lines
+            states.append({"data": data, "state": "failed", "text": (
+                "the last setup of lich-control's Python environment in {} failed at {}: {}. To try again: {}".format(
+                    data, clock(failed.get("at")), failed.get("error"), retry_command(data)))})
+    return states
 
 
 def lock_held(path):
@@ -654,10 +657,10 @@ def entry_point(tool, module):
         if (missing.name or "").split(".")[0] == "lich_control":
             raise  # the plugin's own files: not a missing environment
         states = setup_states()
-        if states:  # building, or failed: said as it is
-            for line in states:
-                sys.stderr.write("{}: {}\n".format(tool, line))
-            sys.exit(0 if " is running in " in states[0] else 1)
+        if states:  # building, or failed: what is going on, said as lich-mod-status says it
+            for state in states:
+                sys.stdout.write("{}\n".format(state["text"]))
+            sys.exit(1 if any(state["state"] == "failed" for state in states) else 0)
         folders = data_folders()
         # Where Claude Code keeps it when installed as the README says (lich-control@lich-control).
         data = folders[0] if folders else os.path.join(plugins_data(), "lich-control-lich-control")

@@ -7,9 +7,9 @@ Daemons are found as sockets in the run folder (`config.run_dir`'s rules);
 a socket nothing answers on is reported as stale. On a terminal the
 overview is cut to its width. Exit 0 when it could say what each daemon is
 doing, none included; 1 when the SESSION asked for has no daemon that
-answers. Run from the plugin's folder (bin/lich-mod-status), it also says
-when the plugin's setup is building the daemon's Python, or failed to,
-with the command that tries again. The socket is reached with
+answers, or the plugin's setup failed. Run from the plugin's folder
+(bin/lich-mod-status), it also says when the plugin's setup is building the
+daemon's Python, or failed to, with the command that tries again. The socket is reached with
 `unix_socket.UnixConnection`, the one client of a daemon's socket.
 
 A document is printed as the daemon gave it: the daemon made every string
@@ -264,8 +264,9 @@ def detail(f: Found, paint: Paint) -> List[str]:
     return lines
 
 
-def main(argv=None, setups: Callable[[], List[str]] = lambda: []) -> int:
-    """`setups`: what the plugin's setups are doing, a line each (bin/lich-mod-status passes hooks/lich_runtime's)."""
+def main(argv=None, setups: Callable[[], List[dict]] = lambda: []) -> int:
+    """`setups`: what the plugin's setups are doing, {"state": "running" or
+    "failed", "text"} each (bin/lich-mod-status passes hooks/lich_runtime's)."""
     parser = argparse.ArgumentParser(prog="lich-mod-status", description="What this user's lich-mod-daemons are doing.")
     parser.add_argument("session", nargs="?", help="show everything about this session's daemon")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -298,17 +299,18 @@ def main(argv=None, setups: Callable[[], List[str]] = lambda: []) -> int:
     everything = [ask(path) for path in sockets(folder)]
     everything.sort(key=lambda f: f.session)  # always a string: a document's own, or the socket's name
     building = setups()
+    failed = 1 if any(setup["state"] == "failed" for setup in building) else 0
     if args.json:
         print(json.dumps({"run_dir": folder, "daemons": [f.to_json() for f in everything], "setups": building}))
-        return 0
+        return failed
     if everything:
         # Off a terminal (a pipe, a file) nothing is cut, unless COLUMNS says how wide.
         print("\n".join(overview(everything, paint, room=shutil.get_terminal_size((0, 0)).columns)))
     if not any(f.status is not None for f in everything):
         print(f"no daemon is running: none answers in {folder}")
-    for line in building:
-        print(line)
-    return 0
+    for setup in building:
+        print(setup["text"])
+    return failed
 
 
 def _said(problem: str) -> int:

@@ -549,11 +549,15 @@ def test_a_setup_is_told_as_running_while_its_lock_is_held_and_as_failed_with_th
     write(os.path.join(kept, runtime.RUNNING), json.dumps({"pid": 4242, "started": 0, "key": "0.1.0-x"}))
     assert runtime.setup_states(environ) == []  # its build is gone: no lock held
     with runtime._Lock(os.path.join(kept, runtime.LOCK), print):
-        [line] = runtime.setup_states(environ)
+        [state] = runtime.setup_states(environ)
+    assert (state["data"], state["state"]) == (kept, "running")
+    line = state["text"]
     assert line.startswith("a setup of lich-control's Python environment is running in {} (since ".format(kept))
     assert line.endswith(", pid 4242); the daemon starts when it is done")
     write(os.path.join(kept, runtime.FAILURE), json.dumps({"key": "0.1.0-x", "at": 0, "error": "python3 has no venv module"}))
-    [line] = runtime.setup_states(environ)
+    [state] = runtime.setup_states(environ)
+    assert state["state"] == "failed"
+    line = state["text"]
     assert " failed at " in line
     assert line.endswith(": python3 has no venv module. To try again: " + runtime.retry_command(kept))
 
@@ -563,13 +567,13 @@ def test_the_status_tool_with_no_environment_says_a_setup_is_running(kept, tmp_p
     with runtime._Lock(os.path.join(kept, runtime.LOCK), print):
         result = run_tool(tmp_path, "lich-mod-status")
     assert result.returncode == 0
-    assert result.stderr.startswith("lich-mod-status: a setup of lich-control's Python environment is running in ")
+    assert result.stdout.startswith("a setup of lich-control's Python environment is running in ")
 
 
 def test_the_status_tool_with_no_environment_names_the_failure_and_the_command(kept, tmp_path):
     write(os.path.join(kept, runtime.FAILURE), json.dumps({"key": "0.1.0-x", "at": 0, "error": "python3 has no venv module"}))
     result = run_tool(tmp_path, "lich-mod-status")
     assert result.returncode == 1
-    [line] = result.stderr.splitlines()
+    [line] = result.stdout.splitlines()
     assert "failed at" in line and "python3 has no venv module" in line
     assert line.endswith("To try again: {} {} --data {}".format(sys.executable, SCRIPT, kept))

@@ -126,12 +126,13 @@ def test_an_empty_run_folder_says_no_daemon_runs_and_exits_0(folder, capsys):
     assert capsys.readouterr().out == f"no daemon is running: none answers in {folder.path}\n"
 
 
-def test_what_the_setups_are_doing_follows_the_daemons(folder, capsys):
-    building = "a setup of lich-control's Python environment is running in /data (since 03:12:00, pid 7)"
+def test_what_the_setups_are_doing_follows_the_daemons_and_a_failed_one_exits_1(folder, capsys):
+    building = {"data": "/d", "state": "running", "text": "a setup … is running in /d (since 03:12:00, pid 7)"}
+    failed = {"data": "/e", "state": "failed", "text": "the last setup … in /e failed at 03:10:00: … To try again: x"}
     assert statuscli.main([], setups=lambda: [building]) == 0
-    assert capsys.readouterr().out.splitlines()[1:] == [building]
-    assert statuscli.main(["--json"], setups=lambda: [building]) == 0
-    assert json.loads(capsys.readouterr().out)["setups"] == [building]
+    assert capsys.readouterr().out.splitlines()[1:] == [building["text"]]
+    assert statuscli.main(["--json"], setups=lambda: [building, failed]) == 1
+    assert json.loads(capsys.readouterr().out)["setups"] == [building, failed]
 
 
 def test_the_overview_fits_the_terminal_and_cuts_the_widest_cells(run, monkeypatch):
