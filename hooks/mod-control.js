@@ -11,6 +11,8 @@ import { Bridge, describe, messageOf, setupResult } from './bridge.js'
 const SETUP = 'hooks/lich_runtime.py'
 // lich's own plugin, by the name it installs under (lich@<marketplace>).
 const LICH_PLUGIN = 'lich'
+// A Windows path: a drive letter, then a backslash (or a slash).
+const WINDOWS_PATH = /^[A-Za-z]:[\\/]/
 
 // One decision per loaded module, however often session.start fires.
 let claimed = false
@@ -24,7 +26,11 @@ export function register(on) {
     const started = await next(e)
     if (!claimed) {
       claimed = true
-      void supervise($, e.isInteractive)
+      // Nothing that keeps the daemon from starting goes unsaid: a throw
+      // here would only reach Claude Code's note of an unawaited rejection.
+      void supervise($, e.isInteractive).catch(err =>
+        log($, `lich-control could not start its daemon, so lich cannot control this session: ${messageOf(err)}`),
+      )
     }
     return started
   })
@@ -49,19 +55,67 @@ export function register(on) {
 // Runs off the hook's back: the session goes on, turns included, while an
 // environment is built, and the daemon starts when it is ready.
 async function supervise($, isInteractive) {
-  if (isInteractive && (await insideLich($)) && (await daemonRunsHere($)) && !(await lichPluginPolls($))) {
-    // The variables a command hook gets (CLAUDE_PID, CLAUDE_PLUGIN_DATA, ...),
-    // which spawn does not set by itself.
-    const env = await $.process.hookEnv().catch(() => undefined)
-    const python = (await namedPython($)) ?? (await setUp($, env))
-    if (python !== null) {
-      // Every command the session runs after inherits it: bin/lich-mod-status
-      // on its PATH finds the daemon's interpreter there.
-      await $.env.set('LICH_CONTROL_PYTHON', python).catch(() => undefined)
-      await bridge.serve(host($, python, env))
+  try {
+    if (isInteractive && (await insideLich($)) && (await daemonRunsHere($)) && !(await lichPluginPolls($))) {
+      const env = await hookEnv($)
+      const python = (await namedPython($)) ?? (await setUp($, env))
+      if (python !== null) {
+        // Every command the session runs after inherits it: bin/lich-mod-status
+        // on its PATH finds the daemon's interpreter there.
+        await $.env.set('LICH_CONTROL_PYTHON', python).catch(() => undefined)
+        await bridge.serve(host($, python, env))
+      }
     }
+  } finally {
+    bridge.close()
   }
-  bridge.close()
+}
+
+// Claude Code's `$` grows release by release (docs/install.md, "Which
+// Claude Code"): a call a release lacks is undefined there, and calling it
+// throws a TypeError at once, before any promise exists. The loader takes `$`
+// only as `$.noun.event(...)` at a call site, and refuses the module over a
+// `typeof $.noun.event`, so making the call is the check: `present` answers
+// what it resolves, or LACKING where the call threw that way.
+const LACKING = Symbol('a call this Claude Code lacks')
+
+function present(call) {
+  try {
+    return Promise.resolve(call())
+  } catch (err) {
+    return err instanceof TypeError ? Promise.resolve(LACKING) : Promise.reject(err)
+  }
+}
+
+// The variables a command hook gets (CLAUDE_PID, CLAUDE_PLUGIN_DATA, ...),
+// which spawn does not set by itself. A Claude Code before 2.1.326 has no
+// $.process.hookEnv: there the relay names the plugin's data folder itself,
+// for the setup script, and the daemon, named no parent, takes the one it
+// finds as it starts. Undefined when Claude Code could not give them.
+async function hookEnv($) {
+  const env = await present(() => $.process.hookEnv()).catch(() => undefined)
+  if (env !== LACKING) return env
+  const data = await dataFolder($)
+  return data === undefined ? undefined : { CLAUDE_PLUGIN_DATA: data }
+}
+
+// The folder Claude Code keeps for this plugin's data, as it names it:
+// data/<plugin id> in its plugins folder, every character of the id but
+// letters, digits, - and _ made -. The id is the install record's for this
+// plugin's folder, else <name>@inline, a folder loaded with --plugin-dir.
+async function dataFolder($) {
+  try {
+    const plugins = (await $.env.get('CLAUDE_CODE_PLUGIN_CACHE_DIR')) || `${await configFolder($)}/plugins`
+    const installs = await installPaths($)
+    const id = Object.keys(installs).find(key => installs[key].includes($.plugin.root)) ?? `${$.plugin.name}@inline`
+    return `${plugins}/data/${id.replace(/[^a-zA-Z0-9_-]/g, '-')}`
+  } catch {
+    return undefined
+  }
+}
+
+async function configFolder($) {
+  return (await $.env.get('CLAUDE_CONFIG_DIR')) || `${await $.env.get('HOME')}/.claude`
 }
 
 // A `claude -p` run from a tool inside a lich session inherits its variables:
@@ -79,9 +133,13 @@ async function insideLich($) {
 // The daemon serves the bridge on a Unix socket and waits on its pipes with
 // select, which it cannot do on Windows yet: there it is not started, and
 // lich-plugin's in-process mod is what lich drives a session through.
+// Before 2.1.326 there is no $.session.info to say so: there the plugin's own
+// folder does, a drive letter and a backslash being Windows's alone (under
+// WSL, Linux to the daemon, it is a Linux path).
 async function daemonRunsHere($) {
-  const info = await $.session.info().catch(() => undefined)
-  if (info?.platform !== 'windows') return true
+  const info = await present(() => $.session.info()).catch(() => undefined)
+  const windows = info === LACKING ? WINDOWS_PATH.test($.plugin.root) : info?.platform === 'windows'
+  if (!windows) return true
   log($, 'lich-control: the daemon does not run on Windows yet (it serves a Unix socket and waits on pipes with select), so nothing is started here; lich-plugin drives lich sessions on Windows (docs/install.md, "Windows")')
   return false
 }
@@ -96,7 +154,10 @@ async function daemonRunsHere($) {
 // It is found as lich installs it (enabledPlugins, then the install record);
 // one loaded from a folder (--plugin-dir) is not seen.
 async function lichPluginPolls($) {
-  const enabled = await $.settings.read({ key: 'enabledPlugins' }).catch(() => undefined)
+  // The whole merge, and the key from it: a read of one key ({ key }, from
+  // 2.1.304) is that same read projected, and an older Claude Code ignores
+  // the key and answers the whole merge (measured on 2.1.280).
+  const enabled = (await $.settings.read().catch(() => undefined))?.enabledPlugins
   const ids = Object.keys(enabled ?? {}).filter(id => id.startsWith(`${LICH_PLUGIN}@`) && enabled[id] === true)
   if (ids.length === 0) return false
   const installs = await installPaths($)
@@ -254,6 +315,10 @@ function lineReader(onLine) {
 // its source, so no method name is looked up at run time.
 async function invoke($, method, args) {
   switch (method) {
+    // A notification prompt comes with asUser: true. Before 2.1.286 Claude
+    // Code ignores it, and the model reads the prompt, the notification
+    // whole, under the plugin's name ("The lich-control plugin sent a
+    // message: ..."); its turn starts and it is acked all the same.
     case 'prompt.submit':
       return $.prompt.submit(args)
     case 'turn.abort':
