@@ -98,7 +98,12 @@ PLUGIN_ROOT = os.path.dirname(HERE)
 
 
 class SetupFailed(Exception):
-    """A problem a person can act on, said in one sentence."""
+    """A problem a person can act on, said in one sentence; `short`, the same
+    in few enough words for one line on a screen (no folders)."""
+
+    def __init__(self, text, short=None):
+        super().__init__(text)
+        self.short = short or text
 
 
 class Plugin:
@@ -194,12 +199,12 @@ class Runtime:
                     return python, False
                 failed = read_json(self.path(FAILURE))
                 if isinstance(failed, dict) and failed.get("key") == key and failed.get("at", 0) >= asked:
-                    raise SetupFailed(failed.get("error"))
+                    raise SetupFailed(failed.get("error"), failed.get("problem"))
             write_json(self.path(RUNNING), {"pid": os.getpid(), "started": self.now(), "key": key})
             try:
                 python = self.build(key)
             except SetupFailed as failure:
-                self.remember_failure(key, str(failure))
+                self.remember_failure(key, failure)
                 raise
             finally:
                 remove(self.path(RUNNING))
@@ -240,7 +245,8 @@ class Runtime:
                                                  self.path(LOG)))
         self.install(python)
         if not self.runs_daemon(python):
-            raise SetupFailed("the environment in {} was built but cannot import lich_control.daemon".format(env))
+            raise SetupFailed("the environment in {} was built but cannot import lich_control.daemon".format(env),
+                              "the environment it built cannot import lich_control.daemon")
         write_json(os.path.join(env, STAMP), {"key": key, "built": self.now(), "base": self.python})
         self.say("the environment is ready: {}".format(python))
         return python
@@ -258,7 +264,8 @@ class Runtime:
         if code == 0:
             return
         if "No module named venv" in text or "ensurepip" in text:
-            raise SetupFailed("{} has no venv module (on Debian and Ubuntu: apt install python3-venv)".format(self.python))
+            raise SetupFailed("{} has no venv module (on Debian and Ubuntu: apt install python3-venv)".format(self.python),
+                              "python3 has no venv module (on Debian and Ubuntu: apt install python3-venv)")
         raise SetupFailed("{} -m venv failed: {}".format(self.python, last_line(text)))
 
     def install(self, python):
@@ -278,8 +285,9 @@ class Runtime:
                 if code == 0 or not NO_PIP.search(text):
                     break
         if code != 0:
+            problem = pip_problem(self.path(LOG))
             raise SetupFailed("pip could not install what lich-control needs into {}: {} (pip's output: {})".format(
-                os.path.dirname(os.path.dirname(python)), pip_problem(self.path(LOG)), self.path(LOG)))
+                os.path.dirname(os.path.dirname(python)), problem, self.path(LOG)), "pip: " + problem)
         site = env_site_packages(os.path.dirname(os.path.dirname(python)))
         for name in self.plugin.sources():
             if name.split(os.sep)[0] == PACKAGE_DIR:
@@ -303,7 +311,8 @@ class Runtime:
         code, text = self.run_captured([python, "-m", "ensurepip", "--default-pip"])
         if code != 0:
             raise SetupFailed("{} has no pip to install with, and cannot give a virtual environment one: its ensurepip "
-                              "module is missing (on Debian and Ubuntu: apt install python3-venv)".format(self.python))
+                              "module is missing (on Debian and Ubuntu: apt install python3-venv)".format(self.python),
+                              "python3 has no pip nor ensurepip (on Debian and Ubuntu: apt install python3-venv)")
         yield [python, "-m", "pip"]
 
     def run_captured(self, argv, **kwargs):
@@ -343,8 +352,8 @@ class Runtime:
             self.say("removing an older environment, {}".format(env))
             shutil.rmtree(env, ignore_errors=True)
 
-    def remember_failure(self, key, error):
-        write_json(self.path(FAILURE), {"key": key, "at": self.now(), "error": error})
+    def remember_failure(self, key, failure):
+        write_json(self.path(FAILURE), {"key": key, "at": self.now(), "error": str(failure), "problem": failure.short})
 
 
 class _Lock:
@@ -504,7 +513,7 @@ def pip_problem(log_path):
     if UNREACHABLE.search(output):
         return "the package index could not be reached"
     if missing:
-        return "it could not get {} from the package index (unreachable, or none there for this Python)".format(
+        return "{} is not on the package index, or none there fits this Python".format(
             (missing.group(1) or missing.group(2)).rstrip(")"))
     return last_line(output)
 
@@ -704,14 +713,15 @@ def main(argv=None):
     try:
         python, built = runtime.ensure()
     except SetupFailed as failure:
-        return failed(str(failure), data)
+        return failed(str(failure), data, failure.short)
     except OSError as error:  # the data folder itself: unwritable, full
         return failed("{} ({})".format(error.strerror, error.filename), data)
     return answer({"ok": True, "python": python, "built": built})
 
 
-def failed(problem, data=None):
-    return answer({"ok": False, "error": failure_line(problem, data), "problem": problem,
+def failed(problem, data=None, short=None):
+    """`short`: the problem in few words, for a screen."""
+    return answer({"ok": False, "error": failure_line(problem, data), "problem": short or problem,
                    "command": retry_command(data) if data else None})
 
 

@@ -29,7 +29,7 @@ def make(clone, tmp_path, *args, path=None):
     env = dict(os.environ, HOME=str(tmp_path / "home"), MAKEFLAGS="")
     if path is not None:
         env["PATH"] = path
-    return subprocess.run(["make", "-s", "plugin-install", *args], cwd=clone, env=env, capture_output=True, text=True,
+    return subprocess.run([shutil.which("make"), "-s", "plugin-install", *args], cwd=clone, env=env, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -48,7 +48,9 @@ def test_plugin_install_copies_a_clone_git_sees_as_changed_by_its_timestamps_alo
 
 
 def test_plugin_install_without_claude_on_the_path_says_so_and_copies_nothing(clone, tmp_path):
-    done = make(clone, tmp_path, path="/usr/bin:/bin")
+    # A PATH with nothing on it: make runs its recipes with /bin/sh, and the first stops.
+    (tmp_path / "nothing").mkdir()
+    done = make(clone, tmp_path, path=str(tmp_path / "nothing"))
     assert done.returncode != 0
     assert "make plugin-install: no claude on PATH; install Claude Code, or name it" in done.stderr
     assert not (tmp_path / "home").exists()

@@ -135,7 +135,7 @@ def test_a_failure_is_recorded_each_run_tries_again_and_a_success_clears_the_rec
         setup.now.now += 60
     assert setup.builds == 2
     assert runtime.read_json(os.path.join(data, runtime.FAILURE)) == {
-        "key": plugin.key(), "at": setup.now.now - 60, "error": setup.fail_with}
+        "key": plugin.key(), "at": setup.now.now - 60, "error": setup.fail_with, "problem": setup.fail_with}
     setup.fail_with = None
     assert setup.ensure()[1] is True and setup.builds == 3
     assert sorted(os.listdir(data)) == sorted(["env-" + plugin.key(), runtime.CURRENT, runtime.LOCK])
@@ -206,7 +206,7 @@ def test_a_run_that_waited_for_a_build_that_failed_answers_that_failure_without_
      "ERROR: No matching distribution found for attrs>=22.2\n",
      "the package index could not be reached"),
     ("ERROR: Could not find a version that satisfies the requirement setuptools>=61 (from versions: none)\n",
-     "it could not get setuptools>=61 from the package index (unreachable, or none there for this Python)"),
+     "setuptools>=61 is not on the package index, or none there fits this Python"),
     ("Processing ./lich-control\nerror: [Errno 28] No space left on device\n",
      "error: [Errno 28] No space left on device"),
 ])
@@ -273,8 +273,9 @@ def test_a_pip_that_fails_at_its_job_is_the_failure_and_no_other_is_tried(needin
     plugin, env = needing
     setup = Steps(os.path.dirname(env), plugin, {"/usr/bin/python3": (
         1, "ERROR: No matching distribution found for attrs>=22.2\n")})
-    with pytest.raises(runtime.SetupFailed, match="it could not get attrs>=22.2 from the package index"):
+    with pytest.raises(runtime.SetupFailed, match="attrs>=22.2 is not on the package index") as failed:
         setup.install(runtime.env_python(env))
+    assert failed.value.short == "pip: attrs>=22.2 is not on the package index, or none there fits this Python"
     assert len(setup.ran) == 1
 
 
