@@ -1,6 +1,6 @@
-"""The Makefile's targets a person runs by hand, run as they would be, on a
-clone of the checkout: make plugin-install, with a Claude Code that records
-what it was asked."""
+"""The Makefile's targets a person runs by hand, run as they would be, in a
+git working copy of the plugin: make plugin-install, with a Claude Code that
+records what it was asked."""
 import os
 import shutil
 import subprocess
@@ -16,13 +16,17 @@ echo "$@" >> "$(dirname "$0")/asked"
 
 @pytest.fixture
 def clone(tmp_path):
-    """A clone with this checkout's Makefile committed, and nothing changed since."""
-    folder = str(tmp_path / "clone")
-    subprocess.run(["git", "clone", "-q", ROOT, folder], check=True, timeout=120)
-    shutil.copy(os.path.join(ROOT, "Makefile"), folder)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-am", "Makefile"],
-                   cwd=folder, check=True, timeout=60)
-    return folder
+    """A git working copy of the plugin's files (the checkout itself may be
+    none: CI's unprivileged run has a copy), all committed, nothing changed since."""
+    folder = tmp_path / "clone"
+    folder.mkdir()
+    for name in ("Makefile", "README.md", ".claude-plugin", "hooks"):
+        source = os.path.join(ROOT, name)
+        (shutil.copytree if os.path.isdir(source) else shutil.copy)(source, str(folder / name))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the plugin"]):
+        subprocess.run(git + args, cwd=str(folder), check=True, timeout=60)
+    return str(folder)
 
 
 def make(clone, tmp_path, *args, path=None):
