@@ -205,8 +205,8 @@ class Semaphore {
 
 // hooks/lich_runtime.py's answer, its last line on stdout (the script's
 // docstring has the protocol): {python} once the environment is ready, else
-// {error}, the one line that says why, with its parts {problem} (what went
-// wrong) and {command} (what tries again), each null when it wrote none.
+// {error}, the one line that says why, and {problem}, what went wrong in a
+// few words for a screen, each null when it wrote none.
 export function setupResult(stdout) {
   let result
   try {
@@ -216,7 +216,7 @@ export function setupResult(stdout) {
   }
   if (result?.ok === true && typeof result.python === 'string' && result.python) return { python: result.python }
   const text = key => (typeof result?.[key] === 'string' ? result[key] : null)
-  return { error: text('error'), problem: text('problem'), command: text('command') }
+  return { error: text('error'), problem: text('problem') }
 }
 
 // How a child process ended, for a log line.

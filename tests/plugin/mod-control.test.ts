@@ -298,7 +298,7 @@ describe('the Python environment', () => {
   // to do, one on screen with its cause and what tries again, no daemon, and
   // nothing waits for a daemon that will not come.
   for (const [how, arrange, end, why, onScreen] of [
-    ['a build that fails', { holdSetup: true }, (setup: Child) => (setup.building(), setup.failed(FAILURE, PROBLEM, RETRY)),
+    ['a build that fails', { holdSetup: true }, (setup: Child) => (setup.building(), setup.failed(FAILURE, PROBLEM)),
       FAILURE, `cannot set up Python for lich: ${PROBLEM}. Mend that, then /reload-plugins`],
     ['no python3 to run the setup with', { refuseSetup: 'no such file: python3' }, undefined,
       'python3 did not run (lich-control: $.process.spawn: no such file: python3)',

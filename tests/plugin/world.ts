@@ -48,8 +48,8 @@ export class Child {
     this.exit(0)
   }
 
-  failed(error: string, problem?: string, command?: string) {
-    this.line({ ok: false, error, ...(problem !== undefined && { problem, command }) })
+  failed(error: string, problem?: string) {
+    this.line({ ok: false, error, ...(problem !== undefined && { problem }) })
     this.exit(1)
   }
 
