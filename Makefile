@@ -10,7 +10,7 @@ VENV_PY := .venv/bin/python
 endif
 STAMP := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)/.lich-control-installed
 
-.PHONY: test demo run bench plugin-check opencode-check install plugin-install clean
+.PHONY: test demo run bench bench-setup bench-first-poll plugin-check opencode-check install plugin-install clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@if [ -z "$(VIRTUAL_ENV)" ] && [ ! -x .venv/bin/python ]; then $(PYTHON) -m venv .venv; fi
@@ -40,6 +40,18 @@ bench:
 	.venv-bench/bin/python -m pip install --quiet --force-reinstall --no-deps . && .venv-bench/bin/python -m pip install --quiet .
 	PYTHONPATH=tests .venv-bench/bin/python -m lich_bench $(BENCH_ARGS)
 
+# What the plugin's setup costs a session (hooks/lich_runtime.py): the first
+# one, with a new data folder and pip cache (it downloads packages), and the
+# next, which finds the environment ready. CPU and wall time; a few seconds a run.
+bench-setup:
+	PYTHONPATH=tests $(PYTHON) -m lich_bench.setup $(BENCH_ARGS)
+
+# From launching the pinned Claude Code to the daemon's first poll, in a
+# first session (it sets the daemon's Python up) and a next one: live, as
+# plugin-check's sessions run (Node.js and npm for Claude Code; a minute).
+bench-first-poll: $(STAMP)
+	PYTHONPATH=tests:tests/live $(VENV_PY) tests/live/bench_first_poll.py $(BENCH_ARGS)
+
 # The relay inside the pinned Claude Code, and end to end with the daemon;
 # then the opencode relay, live in the pinned opencode.
 plugin-check: $(STAMP)
@@ -57,10 +69,14 @@ opencode-check: $(STAMP)
 # tracked files made since: git stash create) are copied under
 # ~/.local/share, which the sandbox mounts, and added from there. Run again
 # to install a newer state of the clone; a session started after it runs it.
+# The index is refreshed first: git stash create fails on a file whose
+# timestamp alone changed (a fresh checkout, a touched file).
 PLUGIN_HOME ?= $(HOME)/.local/share/lich-control/plugin
 CLAUDE ?= claude
 plugin-install:
+	@command -v '$(CLAUDE)' >/dev/null || { echo "make plugin-install: no $(CLAUDE) on PATH; install Claude Code, or name it: make plugin-install CLAUDE=/path/to/claude" >&2; exit 1; }
 	rm -rf '$(PLUGIN_HOME).new' && mkdir -p '$(PLUGIN_HOME).new'
+	git update-index -q --refresh
 	tree=$$(git stash create) && git archive "$${tree:-HEAD}" | tar -x -C '$(PLUGIN_HOME).new'
 	rm -rf '$(PLUGIN_HOME)' && mv '$(PLUGIN_HOME).new' '$(PLUGIN_HOME)'
 	'$(CLAUDE)' plugin marketplace add '$(PLUGIN_HOME)'

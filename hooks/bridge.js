@@ -217,7 +217,8 @@ class Semaphore {
 
 // hooks/lich_runtime.py's answer, its last line on stdout (the script's
 // docstring has the protocol): {python} once the environment is ready, else
-// {error}, the one line that says why, or null when it wrote none.
+// {error}, the one line that says why, and {problem}, what went wrong in a
+// few words for a screen, each null when it wrote none.
 export function setupResult(stdout) {
   let result
   try {
@@ -226,7 +227,8 @@ export function setupResult(stdout) {
     result = undefined
   }
   if (result?.ok === true && typeof result.python === 'string' && result.python) return { python: result.python }
-  return { error: typeof result?.error === 'string' ? result.error : null }
+  const text = key => (typeof result?.[key] === 'string' ? result[key] : null)
+  return { error: text('error'), problem: text('problem') }
 }
 
 // How a child process ended, for a log line.

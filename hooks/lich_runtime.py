@@ -5,27 +5,34 @@ A relay (the Claude Code mod, and any other host's) runs this with the
 system's `python3` before it starts the daemon, unless the person named an
 interpreter:
 
-    python3 hooks/lich_runtime.py [--data DIR] [--retry]
+    python3 hooks/lich_runtime.py [--data DIR]
 
 DIR is the plugin's persistent data folder (default: $CLAUDE_PLUGIN_DATA).
 It makes sure DIR holds a virtual environment with this plugin's package
 installed, and builds one when there is none for this release of the
-plugin's files: `python3 -m venv`, then `pip install` of a copy of the
-plugin's folder. It says what it does on stderr, one sentence a line, and
-its result on stdout as one JSON line:
+plugin's files: `python3 -m venv --without-pip`, pip (one the interpreter
+already has, else the wheel Python ships for ensurepip) installing what the
+package needs, and a copy of the package itself. It says what it does on
+stderr, one sentence a line, and on stdout one JSON line when it starts to
+build, then its result as the last:
 
+    {"building": "DIR/env-0.1.0-1a2b3c4d5e6f"}
     {"ok": true, "python": "DIR/env-0.1.0-1a2b3c4d5e6f/bin/python", "built": false}
-    {"ok": false, "error": "one line that says what went wrong and what to do"}
+    {"ok": false, "error": "one line: what went wrong and what to do",
+     "problem": "what went wrong", "command": "the command that tries again"}
 
-and exits 0 when the environment is ready, 1 when it is not. A failure is
-remembered: for an hour the next runs answer it again without trying
-(--retry tries at once). Two runs at once take turns under a lock, so the
-second finds what the first built. A run that is ended mid-build (its session
-ended) ends its venv and pip with it, and the next build clears what it left.
+and exits 0 when the environment is ready, 1 when it is not. Each run tries
+a failed build again; the failure is kept in DIR (setup-failed.json) for
+lich-mod-status until a build succeeds. While it builds, DIR holds
+setup-running.json. Two runs at once take turns under a lock, so the second
+finds what the first built (or that it failed). A run that is ended
+mid-build (its session ended) ends its venv and pip with it, and the next
+build clears what it left.
 
-The bin/ tools import it too (`reexec`), to run in the daemon's interpreter.
-Standard library only, and syntax an old python3 still reads, so that one
-too old for the package is told so rather than failing to parse this file.
+The bin/ tools import it too (`reexec`, `setup_states`), to run in the
+daemon's interpreter and to say what a setup is doing. Standard library
+only, and syntax an old python3 still reads, so that one too old for the
+package is told so rather than failing to parse this file.
 """
 import argparse
 import configparser
@@ -35,6 +42,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -61,19 +69,23 @@ PYTHON_VARIABLE = "LICH_CONTROL_PYTHON"
 REEXEC_GUARD = "LICH_CONTROL_REEXECUTED"
 # What lich sets in a session it started; the daemon needs all three.
 LICH_VARIABLES = ("LICH_PORT", "LICH_TOKEN", "LICH_SESSION_ID")
-RETRY_AFTER_SECONDS = 3600
 KEPT_ENVIRONMENTS = 2
 STAMP = "lich-control-env.json"
 CURRENT = "current.json"
 FAILURE = "setup-failed.json"
+RUNNING = "setup-running.json"
 LOCK = "setup.lock"
 LOG = "setup.log"
-# What the package is built from; the rest of the plugin's folder (tests,
-# docs, a developer's .venv) is neither copied nor part of the key, and nor
-# are the texts setup.cfg only quotes, so that editing them rebuilds nothing.
+# What the environment is made from: the package's own folder, copied in,
+# and setup.cfg, which names what it needs. The rest of the plugin's folder
+# (tests, docs, a developer's .venv) is neither copied nor part of the key,
+# and nor are the texts setup.cfg only quotes, so editing them rebuilds nothing.
 PACKAGE_FILES = ("setup.cfg", "pyproject.toml", "README.md", "LICENSE")
 QUOTED_FILES = ("README.md", "LICENSE")
 PACKAGE_DIR = "lich_control"
+# What a pip says when it cannot do this job (none there; one older than
+# 22.3, which has no --python): the next way to a pip is tried.
+NO_PIP = re.compile(r"No module named pip\b|no such option: --python")
 # pip's words for a package index it cannot reach.
 UNREACHABLE = re.compile(
     r"NewConnectionError|Failed to establish a new connection|Temporary failure in name resolution"
@@ -86,7 +98,12 @@ PLUGIN_ROOT = os.path.dirname(HERE)
 
 
 class SetupFailed(Exception):
-    """A problem a person can act on, said in one sentence."""
+    """A problem a person can act on, said in one sentence; `short`, the same
+    in few enough words for one line on a screen (no folders)."""
+
+    def __init__(self, text, short=None):
+        super().__init__(text)
+        self.short = short or text
 
 
 class Plugin:
@@ -99,11 +116,19 @@ class Plugin:
         with open(os.path.join(self.root, ".claude-plugin", "plugin.json"), encoding="utf-8") as f:
             return str(json.load(f).get("version", "0"))
 
-    def python_requires(self):
-        """The oldest Python the package takes, from setup.cfg's `>=X.Y`; None if it names none."""
+    def requirements(self):
+        """What the package needs installed, from setup.cfg's install_requires."""
+        return [line.strip() for line in self.setup_cfg().get("options", "install_requires", fallback="").splitlines()
+                if line.strip() and not line.strip().startswith("#")]
+
+    def setup_cfg(self):
         parser = configparser.ConfigParser()
         parser.read(os.path.join(self.root, "setup.cfg"), encoding="utf-8")
-        wanted = parser.get("options", "python_requires", fallback="")
+        return parser
+
+    def python_requires(self):
+        """The oldest Python the package takes, from setup.cfg's `>=X.Y`; None if it names none."""
+        wanted = self.setup_cfg().get("options", "python_requires", fallback="")
         found = re.search(r">=\s*(\d+)\.(\d+)", wanted)
         return (int(found.group(1)), int(found.group(2))) if found else None
 
@@ -135,12 +160,13 @@ class Plugin:
 class Runtime:
     """The private environments in one data folder, and the records beside them."""
 
-    def __init__(self, data, plugin, say, now=time.time, python=sys.executable):
+    def __init__(self, data, plugin, say, now=time.time, python=sys.executable, building=lambda env: None):
         self.data = data
         self.plugin = plugin
         self.say = say
         self.now = now
         self.python = python
+        self.building = building  # told the environment's folder as a build (or a wait for one) starts
         self.lock = None  # held while this run builds: its children hold it too
 
     def path(self, *names):
@@ -149,7 +175,7 @@ class Runtime:
     def env_dir(self, key):
         return self.path("env-" + key)
 
-    def ensure(self, retry=False):
+    def ensure(self):
         """The interpreter of a ready environment for this plugin, and whether this run built it.
 
         Raises SetupFailed with the line to log when there is none.
@@ -162,21 +188,27 @@ class Runtime:
             self.point_at(key, python)
             return python, False
         os.makedirs(self.data, exist_ok=True)
+        self.building(self.env_dir(key))
+        asked = self.now()
         with self.locked() as lock:
             self.lock = lock
-            python = self.ready(key) if lock.waited else None  # what the run we waited for built
-            if python:
-                self.point_at(key, python)
-                return python, False
-            remembered = self.remembered_failure(key)
-            if remembered and not retry:
-                raise SetupFailed(remembered)
+            if lock.waited:  # what the run we waited for did: built, or failed since we asked
+                python = self.ready(key)
+                if python:
+                    self.point_at(key, python)
+                    return python, False
+                failed = read_json(self.path(FAILURE))
+                if isinstance(failed, dict) and failed.get("key") == key and failed.get("at", 0) >= asked:
+                    raise SetupFailed(failed.get("error"), failed.get("problem"))
+            write_json(self.path(RUNNING), {"pid": os.getpid(), "started": self.now(), "key": key})
             try:
                 python = self.build(key)
             except SetupFailed as failure:
-                self.remember_failure(key, str(failure))
+                self.remember_failure(key, failure)
                 raise
-            self.forget_failure()
+            finally:
+                remove(self.path(RUNNING))
+            remove(self.path(FAILURE))
             self.point_at(key, python)
             self.prune(keep=self.env_dir(key))
             return python, True
@@ -208,11 +240,13 @@ class Runtime:
         self.say("creating a virtual environment in {} with {} ({})".format(env, self.python, version_text()))
         self.create_venv(env)
         python = env_python(env)
-        self.say("installing the plugin's package (lich-control {}) and what it needs into it "
-                 "(pip; its whole output goes to {})".format(self.plugin.version(), self.path(LOG)))
+        self.say("installing what lich-control {} needs into it ({}; pip's whole output goes to {}), "
+                 "and the package itself".format(self.plugin.version(), ", ".join(self.plugin.requirements()),
+                                                 self.path(LOG)))
         self.install(python)
         if not self.runs_daemon(python):
-            raise SetupFailed("the environment in {} was built but cannot import lich_control.daemon".format(env))
+            raise SetupFailed("the environment in {} was built but cannot import lich_control.daemon".format(env),
+                              "the environment it built cannot import lich_control.daemon")
         write_json(os.path.join(env, STAMP), {"key": key, "built": self.now(), "base": self.python})
         self.say("the environment is ready: {}".format(python))
         return python
@@ -224,45 +258,69 @@ class Runtime:
                 self.python, version_text(), needed[0], needed[1]))
 
     def create_venv(self, env):
-        # pip goes in as a step of its own, as venv would add it, so that each
-        # process that writes the environment is a child of this one (run_child).
-        for argv in ([self.python, "-m", "venv", "--without-pip", env],
-                     [env_python(env), "-m", "ensurepip", "--upgrade", "--default-pip"]):
-            with tempfile.TemporaryFile("w+", encoding="utf-8") as output:
-                code = self.run_step(argv, stdout=output)
-                output.seek(0)
-                text = output.read()
-            if code == 0:
-                continue
-            if "No module named venv" in text:
-                raise SetupFailed("{} has no venv module (on Debian and Ubuntu: apt install python3-venv)".format(self.python))
-            if "ensurepip" in text:
-                raise SetupFailed("{} cannot give a virtual environment pip: its ensurepip module is missing "
-                                  "(on Debian and Ubuntu: apt install python3-venv)".format(self.python))
-            raise SetupFailed("{} -m venv failed: {}".format(self.python, last_line(text)))
+        # Without pip: installing pip into it (ensurepip) would cost more than
+        # the rest of the build, and the daemon never runs pip.
+        code, text = self.run_captured([self.python, "-m", "venv", "--without-pip", env])
+        if code == 0:
+            return
+        if "No module named venv" in text or "ensurepip" in text:
+            raise SetupFailed("{} has no venv module (on Debian and Ubuntu: apt install python3-venv)".format(self.python),
+                              "python3 has no venv module (on Debian and Ubuntu: apt install python3-venv)")
+        raise SetupFailed("{} -m venv failed: {}".format(self.python, last_line(text)))
 
     def install(self, python):
-        scratch = tempfile.mkdtemp(prefix="build-", dir=self.data)
-        try:
-            # A copy, so that building writes nothing into the plugin's folder,
-            # which may be read-only or a person's checkout.
-            source = os.path.join(scratch, "lich-control")
-            for name in self.plugin.sources():
-                target = os.path.join(source, name)
+        """What the package needs, through pip, then the package's own folder, copied.
+
+        The package is pure Python and is run, never imported by anything that
+        asks pip about it: copied, it needs no build (a build backend fetched
+        from the index, and a wheel made), which cost more than the rest.
+        """
+        with open(self.path(LOG), "w", encoding="utf-8") as log:
+            code = 0
+            for pip in self.pips(python) if self.plugin.requirements() else ():
+                argv = pip + ["install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
+                argv += self.plugin.requirements()
+                code, text = self.run_captured(argv, cwd=self.data)
+                log.write("$ {}\n{}".format(" ".join(argv), text))
+                if code == 0 or not NO_PIP.search(text):
+                    break
+        if code != 0:
+            problem = pip_problem(self.path(LOG))
+            raise SetupFailed("pip could not install what lich-control needs into {}: {} (pip's output: {})".format(
+                os.path.dirname(os.path.dirname(python)), problem, self.path(LOG)), "pip: " + problem)
+        site = env_site_packages(os.path.dirname(os.path.dirname(python)))
+        for name in self.plugin.sources():
+            if name.split(os.sep)[0] == PACKAGE_DIR:
+                target = os.path.join(site, name)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 shutil.copyfile(os.path.join(self.plugin.root, name), target)
-            with open(self.path(LOG), "w", encoding="utf-8") as log:
-                code = self.run_step(
-                    [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-                     "--progress-bar", "off", source],
-                    stdout=log, cwd=scratch)
-        finally:
-            # A process of pip's own still writing here keeps a file or two;
-            # the next build clears what is left.
-            shutil.rmtree(scratch, ignore_errors=True)
+
+    def pips(self, python):
+        """The ways to a pip that installs into the environment of `python`, the cheapest first.
+
+        A pip the interpreter has (or the one it was made from, when it is a
+        virtual environment itself) installs into another with --python and
+        runs from its compiled files. Else the wheel Python ships for ensurepip,
+        run as it is: its modules are compiled as they load, which costs a
+        second more. Last, ensurepip itself, into the environment.
+        """
+        for interpreter in unique([self.python, base_python()]):
+            yield [interpreter, "-m", "pip", "--python", python]
+        for wheel in bundled_pips():
+            yield [python, os.path.join(wheel, "pip")]
+        code, text = self.run_captured([python, "-m", "ensurepip", "--default-pip"])
         if code != 0:
-            raise SetupFailed("pip could not install lich-control into {}: {} (pip's output: {})".format(
-                os.path.dirname(os.path.dirname(python)), pip_problem(self.path(LOG)), self.path(LOG)))
+            raise SetupFailed("{} has no pip to install with, and cannot give a virtual environment one: its ensurepip "
+                              "module is missing (on Debian and Ubuntu: apt install python3-venv)".format(self.python),
+                              "python3 has no pip nor ensurepip (on Debian and Ubuntu: apt install python3-venv)")
+        yield [python, "-m", "pip"]
+
+    def run_captured(self, argv, **kwargs):
+        """A step's exit code and its whole output."""
+        with tempfile.TemporaryFile("w+", encoding="utf-8") as output:
+            code = self.run_step(argv, stdout=output, **kwargs)
+            output.seek(0)
+            return code, output.read()
 
     def run_step(self, argv, **kwargs):
         return run_child(argv, hold=None if self.lock is None else self.lock.file.fileno(), **kwargs)
@@ -294,23 +352,8 @@ class Runtime:
             self.say("removing an older environment, {}".format(env))
             shutil.rmtree(env, ignore_errors=True)
 
-    def remembered_failure(self, key):
-        failure = read_json(self.path(FAILURE))
-        if not isinstance(failure, dict) or failure.get("key") != key:  # a new release deserves a new try
-            return None
-        again = failure.get("at", 0) + RETRY_AFTER_SECONDS
-        if self.now() >= again:
-            return None
-        return "{} (at {}; tried again after {})".format(failure.get("error"), clock(failure.get("at", 0)), clock(again))
-
-    def remember_failure(self, key, error):
-        write_json(self.path(FAILURE), {"key": key, "at": self.now(), "error": error})
-
-    def forget_failure(self):
-        try:
-            os.remove(self.path(FAILURE))
-        except FileNotFoundError:
-            pass
+    def remember_failure(self, key, failure):
+        write_json(self.path(FAILURE), {"key": key, "at": self.now(), "error": str(failure), "problem": failure.short})
 
 
 class _Lock:
@@ -405,6 +448,43 @@ def env_python(env):
     return os.path.join(env, "bin", "python")
 
 
+def env_site_packages(env):
+    """Where a virtual environment made by this interpreter keeps its packages (venv's own layout)."""
+    return os.path.join(env, "lib", "python{}.{}".format(*sys.version_info[:2]), "site-packages")
+
+
+def base_python():
+    """The interpreter this one was made from, when it is a virtual environment; else itself."""
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def bundled_pips():
+    """The pip wheels this Python ships for ensurepip: in its ensurepip
+    package, or where a distribution keeps them instead (Debian:
+    <prefix>/share/python-wheels)."""
+    folders = [os.path.join(sys.base_prefix, "share", "python-wheels")]
+    try:
+        import ensurepip
+        folders.insert(0, os.path.join(os.path.dirname(ensurepip.__file__), "_bundled"))
+    except ImportError:
+        pass
+    wheels = []
+    for folder in folders:
+        wheels.extend(sorted(glob.glob(os.path.join(folder, "pip-*.whl")), reverse=True)[:1])
+    return wheels
+
+
+def unique(items):
+    return [item for n, item in enumerate(items) if item not in items[:n]]
+
+
+def remove(path):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
 def imports_daemon(python):
     """Whether `python`, isolated from the caller's folder and variables, has the daemon."""
     try:
@@ -433,7 +513,7 @@ def pip_problem(log_path):
     if UNREACHABLE.search(output):
         return "the package index could not be reached"
     if missing:
-        return "it could not get {} from the package index (unreachable, or none there for this Python)".format(
+        return "{} is not on the package index, or none there fits this Python".format(
             (missing.group(1) or missing.group(2)).rstrip(")"))
     return last_line(output)
 
@@ -448,7 +528,7 @@ def version_text():
 
 
 def clock(seconds):
-    return time.strftime("%H:%M", time.localtime(seconds))
+    return time.strftime("%H:%M:%S", time.localtime(seconds if isinstance(seconds, (int, float)) else 0))
 
 
 def read_json(path):
@@ -478,11 +558,16 @@ def write_json(path, document):
 
 def failure_line(problem, data=None):
     """The one line a failure is logged as: what went wrong, and what to do about it."""
-    line = ("lich-control cannot set up its Python environment: {}. Set the plugin's python option to an "
-            "interpreter that has lich-control installed, or install it by hand (docs/install.md)").format(problem)
+    line = "lich-control cannot set up its Python environment: {}.".format(problem)
     if data:
-        line += "; to try again now: python3 {} --data {} --retry".format(os.path.join(HERE, "lich_runtime.py"), data)
-    return line
+        line += " To try again: {} (the next session tries again too).".format(retry_command(data))
+    return line + (" Or set the plugin's python option to an interpreter that has lich-control installed, "
+                   "or install it by hand (docs/install.md)")
+
+
+def retry_command(data):
+    """The command that builds the environment in `data`, as a shell takes it."""
+    return " ".join(shlex.quote(part) for part in [sys.executable, os.path.join(HERE, "lich_runtime.py"), "--data", data])
 
 
 # --- for the bin/ tools -------------------------------------------------------
@@ -503,8 +588,49 @@ def data_folders(environ=os.environ):
     """This plugin's data folders: the one Claude Code named, else every one it keeps."""
     if environ.get("CLAUDE_PLUGIN_DATA"):
         return [environ["CLAUDE_PLUGIN_DATA"]]
+    return sorted(glob.glob(os.path.join(plugins_data(environ), "lich-control-*")))
+
+
+def plugins_data(environ=os.environ):
     config = environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"), ".claude")
-    return sorted(glob.glob(os.path.join(config, "plugins", "data", "lich-control-*")))
+    return os.path.join(config, "plugins", "data")
+
+
+def setup_states(environ=os.environ):
+    """What the setups in this plugin's data folders are doing, for a person:
+    for each that is building now, or whose last build failed,
+    {"data", "state": "running" or "failed", "text": one line}."""
+    states = []
+    for data in data_folders(environ):
+        running = read_json(os.path.join(data, RUNNING))
+        failed = read_json(os.path.join(data, FAILURE))
+        if isinstance(running, dict) and lock_held(os.path.join(data, LOCK)):
+            states.append({"data": data, "state": "running", "text": (
+                "a setup of lich-control's Python environment is running in {} (since {}, pid {}); the daemon "
+                "starts when it is done".format(data, clock(running.get("started")), running.get("pid")))})
+        elif isinstance(failed, dict):
+            states.append({"data": data, "state": "failed", "text": (
+                "the last setup of lich-control's Python environment in {} failed at {}: {}. To try again: {}".format(
+                    data, clock(failed.get("at")), failed.get("error"), retry_command(data)))})
+    return states
+
+
+def lock_held(path):
+    """Whether a run holds the setup's lock: a build is running (a crashed one
+    leaves its records, never its lock)."""
+    if fcntl is None:
+        return False
+    try:
+        f = open(path)
+    except OSError:
+        return False
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
 
 
 def private_python(environ=os.environ):
@@ -539,12 +665,18 @@ def entry_point(tool, module):
     except ModuleNotFoundError as missing:
         if (missing.name or "").split(".")[0] == "lich_control":
             raise  # the plugin's own files: not a missing environment
+        states = setup_states()
+        if states:  # building, or failed: what is going on, said as lich-mod-status says it
+            for state in states:
+                sys.stdout.write("{}\n".format(state["text"]))
+            sys.exit(1 if any(state["state"] == "failed" for state in states) else 0)
         folders = data_folders()
-        data = folders[0] if folders else "<the plugin's data folder, ~/.claude/plugins/data/lich-control-…>"
+        # Where Claude Code keeps it when installed as the README says (lich-control@lich-control).
+        data = folders[0] if folders else os.path.join(plugins_data(), "lich-control-lich-control")
         sys.stderr.write(
             "{}: lich-control's Python environment is not built yet (no {} here); a session inside lich builds it "
-            "as it starts, or build it now with python3 {} --data {}, or install lich-control into a Python of "
-            "your own (docs/install.md)\n".format(tool, missing.name, os.path.join(HERE, "lich_runtime.py"), data))
+            "as it starts, or build it now: {} (or install lich-control into a Python of your own, "
+            "docs/install.md)\n".format(tool, missing.name, retry_command(data)))
         sys.exit(1)
 
 
@@ -567,11 +699,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="lich_runtime.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=os.environ.get("CLAUDE_PLUGIN_DATA"),
                         help="the plugin's data folder (default: $CLAUDE_PLUGIN_DATA)")
-    parser.add_argument("--retry", action="store_true", help="try now, even after a recent failure")
     args = parser.parse_args(argv)
     if not args.data:
-        return answer({"ok": False, "error": failure_line(
-            "it has no data folder to keep it in (--data DIR, or CLAUDE_PLUGIN_DATA as Claude Code sets it)")})
+        return failed("it has no data folder to keep it in (--data DIR, or CLAUDE_PLUGIN_DATA as Claude Code sets it)")
     data = os.path.abspath(args.data)
 
     def say(text):
@@ -579,19 +709,30 @@ def main(argv=None):
         sys.stderr.flush()
 
     end_with_signals()
-    runtime = Runtime(data, Plugin(PLUGIN_ROOT), say)
+    runtime = Runtime(data, Plugin(PLUGIN_ROOT), say, building=lambda env: tell({"building": env}))
     try:
-        python, built = runtime.ensure(retry=args.retry)
+        python, built = runtime.ensure()
     except SetupFailed as failure:
-        return answer({"ok": False, "error": failure_line(failure, data)})
+        return failed(str(failure), data, failure.short)
     except OSError as error:  # the data folder itself: unwritable, full
-        return answer({"ok": False, "error": failure_line("{} ({})".format(error.strerror, error.filename), data)})
+        return failed("{} ({})".format(error.strerror, error.filename), data)
     return answer({"ok": True, "python": python, "built": built})
 
 
+def failed(problem, data=None, short=None):
+    """`short`: the problem in few words, for a screen."""
+    return answer({"ok": False, "error": failure_line(problem, data), "problem": short or problem,
+                   "command": retry_command(data) if data else None})
+
+
 def answer(result):
-    sys.stdout.write(json.dumps(result) + "\n")
+    tell(result)
     return 0 if result["ok"] else 1
+
+
+def tell(document):
+    sys.stdout.write(json.dumps(document) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -57,12 +57,19 @@ export function register(on) {
 async function supervise($, isInteractive) {
   try {
     if (isInteractive && (await insideLich($)) && (await daemonRunsHere($)) && !(await lichPluginPolls($))) {
+      // A line an earlier load of this module pinned (before /reload-plugins)
+      // stays on screen until replaced: taken away first.
+      shown = true
+      show($, undefined)
       const env = await hookEnv($)
       const python = (await namedPython($)) ?? (await setUp($, env))
       if (python !== null) {
         // Every command the session runs after inherits it: bin/lich-mod-status
         // on its PATH finds the daemon's interpreter there.
         await $.env.set('LICH_CONTROL_PYTHON', python).catch(() => undefined)
+        // A setup's line goes once the daemon is up (its hello; it polls at
+        // once), or once it is known none will be.
+        if (shown) void bridge.daemon.promise.then(() => show($, undefined))
         await bridge.serve(host($, python, env))
       }
     }
@@ -239,23 +246,57 @@ async function namedPython($) {
 async function setUp($, env) {
   let stdout = ''
   const steps = lineReader(line => log($, `lich-control setup: ${line.trimEnd()}`))
+  // Its first line on stdout, when it builds, says so ({"building": ...}).
+  const told = lineReader(line => {
+    if (!shown && line.includes('"building"')) show($, 'setting up Python for lich (first run)…')
+  })
   let end
   try {
     const child = $.process.spawn({ argv: ['python3', `${$.plugin.root}/${SETUP}`], cwd: $.plugin.root, ...(env && { env }) })
     for await (const { stream, text } of child) {
-      if (stream === 'stdout') stdout += text
-      else steps.push(text)
+      if (stream === 'stdout') {
+        stdout += text
+        told.push(text)
+      } else steps.push(text)
     }
     end = await child.result
   } catch (err) {
     log($, `lich-control cannot set up its Python environment: python3 did not run (${messageOf(err)}). Install Python 3.9 or later, or set the plugin's python option to an interpreter that has lich-control installed (docs/install.md)`)
+    show($, `cannot set up Python for lich: python3 did not run (${messageOf(err)}). Install Python 3.9 or later, then /reload-plugins`)
     return null
   }
   steps.end()
-  const { python, error } = setupResult(stdout)
+  const { python, error, problem } = setupResult(stdout)
   if (python) return python
-  log($, error ?? `lich-control cannot set up its Python environment: ${SETUP} ${describe(end)} without a result (the lines above say why). Set the plugin's python option to an interpreter that has lich-control installed (docs/install.md)`)
+  const why = `${SETUP} ${describe(end)} without a result`
+  log($, error ?? `lich-control cannot set up its Python environment: ${why} (the lines above say why). Set the plugin's python option to an interpreter that has lich-control installed (docs/install.md)`)
+  // The same on screen, in one row: the cause, and what tries again in this
+  // session (/reload-plugins runs the setup again and starts the daemon).
+  // The command that does it from a shell is too long for the row:
+  // lich-mod-status prints it, as does the debug log.
+  show($, problem
+    ? `cannot set up Python for lich: ${problem}. Mend that, then /reload-plugins`
+    : `cannot set up Python for lich: ${why} (claude --debug logs its steps). /reload-plugins tries again`)
   return null
+}
+
+// The relay's one line on the person's screen, under the prompt, after the
+// plugin's name (Claude Code adds it): the setup at work, then its failure;
+// cleared once the daemon is up. Pinned with $.ui.status, which every release
+// the relay runs on has (from 2.1.259); where it is lacking, a line in the
+// transcript, which cannot be taken back (a toast would be gone in seconds,
+// and $.ui.notify leaves the terminal). Nothing is shown outside lich, or
+// where the daemon starts at once.
+let shown = false
+
+function show($, text) {
+  if (text === undefined && !shown) return
+  shown = text !== undefined
+  present(() => $.ui.status(text))
+    .then(done => {
+      if (done === LACKING && text !== undefined) $.ui.log(`lich-control: ${text}`)
+    })
+    .catch(() => undefined)
 }
 
 // What the bridge needs of Claude Code to run the daemon and serve it.

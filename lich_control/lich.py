@@ -37,6 +37,9 @@ log = logging.getLogger("lich_control.lich")
 CONNECT_TIMEOUT = 3.0
 MAX_POLL_BODY = 16 * 1024 * 1024
 MAX_ACK_ANSWER = 64 * 1024  # what is read of lich's answer to an ack (a reason)
+# lich answers 401 to a token it did not hand out: LICH_TOKEN is one lich no
+# longer knows, as after lich restarted; only a session lich starts anew has its token.
+WRONG_TOKEN = "the token is wrong (LICH_TOKEN is not one lich knows: lich restarted?); start a new session from lich"
 CHUNK = 64 * 1024
 HEADERS = {
     "X-Lich-Plugin": CONTRACT_RELEASE,  # the contract we speak, which lich checks: not our version
@@ -97,6 +100,8 @@ class LichClient:
         status, _, body = self._exchange(self._poll, self._timeouts.poll, MAX_POLL_BODY, PollFailed)
         if status == 404:
             raise LichGone("lich answered 404")
+        if status == 401:
+            raise PollFailed(f"lich answered 401: {WRONG_TOKEN}")
         if status != 200:
             raise PollFailed(f"lich answered {status}")
         return body
@@ -109,6 +114,8 @@ class LichClient:
         if 200 <= status < 300:
             return
         said = " ".join(text.decode("utf-8", "replace").split()) or reason or "no reason given"
+        if status == 401:
+            said = f"{said}: {WRONG_TOKEN}"
         raise AckFailed(f"lich refused it: {status} {said}", refused=400 <= status < 500)
 
     def abandon(self) -> None:

@@ -5,8 +5,13 @@
 
 Daemons are found as sockets in the run folder (`config.run_dir`'s rules),
 which must pass the daemon's own test (`run_folder.check`); a socket
-nothing answers on within 2 s, the whole exchange, is reported as stale. Exit 0 when a daemon
-answered for what was asked, 1 otherwise. The socket is reached with
+nothing answers on within 2 s, the whole exchange, is reported as stale.
+On a terminal the overview is cut to its width. Exit 0 when it could say
+what each daemon is doing, none included; 1 when the SESSION asked for has
+no daemon that answers, the run folder is refused, or the plugin's setup
+failed. Run from the plugin's folder (bin/lich-mod-status), it also says
+when the plugin's setup is building the daemon's Python, or failed to, with
+the command that tries again. The socket is reached with
 `unix_socket.UnixConnection`, the one client of a daemon's socket.
 
 A document is printed as the daemon gave it: the daemon made every string
@@ -22,10 +27,11 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import socket
 import stat
 import sys
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import attrs
 
@@ -152,13 +158,16 @@ class Paint:
         return self(text, colour)
 
 
-def table(rows: List[List[str]], paint: Paint, coloured_column: Optional[int] = None) -> List[str]:
-    """Aligned columns; padding is measured before any colour is added."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+def table(rows: List[List[str]], paint: Paint, coloured_column: Optional[int] = None, room: int = 0) -> List[str]:
+    """Aligned columns; padding is measured before any colour is added.
+    Given the `room` (columns) to fit in, the widest columns are cut first,
+    and a cell cut ends in `…`."""
+    widths = fit([max(len(row[i]) for row in rows) for i in range(len(rows[0]))], room)
     lines = []
     for n, row in enumerate(rows):
         cells = []
         for i, cell in enumerate(row):
+            cell = cell if len(cell) <= widths[i] else cell[: widths[i] - 1] + "…"
             padded = cell.ljust(widths[i]) if i < len(row) - 1 else cell
             if n == 0:
                 padded = paint(padded, "bold")
@@ -169,7 +178,21 @@ def table(rows: List[List[str]], paint: Paint, coloured_column: Optional[int] = 
     return lines
 
 
-def overview(found: List[Found], paint: Paint) -> List[str]:
+NARROWEST = 4  # a column is never cut narrower than this
+
+
+def fit(widths: List[int], room: int) -> List[int]:
+    """Column widths whose sum, with two spaces between columns, fits in `room` (0: any)."""
+    widths = list(widths)
+    while room and sum(widths) + 2 * (len(widths) - 1) > room:
+        widest = max(range(len(widths)), key=lambda i: widths[i])
+        if widths[widest] <= NARROWEST:
+            break
+        widths[widest] -= 1
+    return widths
+
+
+def overview(found: List[Found], paint: Paint, room: int = 0) -> List[str]:
     rows = [["SESSION", "PID", "STATE", "LAST POLL", "TURN", "OVERRIDES", "IN FLIGHT", "DONE (ok/failed)", "UPTIME"]]
     for f in found:
         try:
@@ -177,7 +200,7 @@ def overview(found: List[Found], paint: Paint) -> List[str]:
         except READ_FAULTS as exc:
             cells = ["-", unreadable(exc)] + ["-"] * 6
         rows.append([f.session] + cells)
-    return table(rows, paint, coloured_column=2)
+    return table(rows, paint, coloured_column=2, room=room)
 
 
 def summary(s: dict) -> List[str]:
@@ -243,7 +266,9 @@ def detail(f: Found, paint: Paint) -> List[str]:
     return lines
 
 
-def main(argv=None) -> int:
+def main(argv=None, setups: Callable[[], List[dict]] = lambda: []) -> int:
+    """`setups`: what the plugin's setups are doing, {"state": "running" or
+    "failed", "text"} each (bin/lich-mod-status passes hooks/lich_runtime's)."""
     parser = argparse.ArgumentParser(prog="lich-mod-status", description="What this user's lich-mod-daemons are doing.")
     parser.add_argument("session", nargs="?", help="show everything about this session's daemon")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -282,14 +307,19 @@ def main(argv=None) -> int:
 
     everything = [ask(path) for path in sockets(folder)]
     everything.sort(key=lambda f: f.session)  # always a string: a document's own, or the socket's name
+    building = setups()
+    failed = 1 if any(setup["state"] == "failed" for setup in building) else 0
     if args.json:
-        print(json.dumps({"run_dir": folder, "daemons": [f.to_json() for f in everything]}))
-    elif everything:
-        print("\n".join(overview(everything, paint)))
+        print(json.dumps({"run_dir": folder, "daemons": [f.to_json() for f in everything], "setups": building}))
+        return failed
+    if everything:
+        # Off a terminal (a pipe, a file) nothing is cut, unless COLUMNS says how wide.
+        print("\n".join(overview(everything, paint, room=shutil.get_terminal_size((0, 0)).columns)))
     if not any(f.status is not None for f in everything):
-        print(f"lich-mod-status: no daemon answers in {folder}", file=sys.stderr)
-        return 1
-    return 0
+        print(f"no daemon is running: none answers in {folder}")
+    for setup in building:
+        print(setup["text"])
+    return failed
 
 
 def _said(problem: str) -> int:

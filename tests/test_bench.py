@@ -1,6 +1,8 @@
 """The benchmark still runs: `--smoke` once, every section in the table and
 the JSON. Nothing here is about time; `make bench` is where figures live."""
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -41,3 +43,25 @@ def test_a_failed_floor_says_why_without_the_token(monkeypatch, capsys):
     out = capsys.readouterr()
     assert out.err == "the ack to lich failed (ConnectionError)\n"
     assert "floor-sekrit" not in out.out + out.err
+
+
+def test_the_setup_benchmark_measures_a_first_and_a_next_session(tmp_path):
+    # A plugin whose package needs nothing: no package index, and a real venv.
+    plugin = tmp_path / "plugin"
+    (plugin / "hooks").mkdir(parents=True)
+    (plugin / ".claude-plugin").mkdir()
+    (plugin / "lich_control").mkdir()
+    (plugin / ".claude-plugin" / "plugin.json").write_text('{"version": "0.1.0"}')
+    (plugin / "setup.cfg").write_text("[options]\npython_requires = >=3.9\n")
+    (plugin / "lich_control" / "__init__.py").write_text("")
+    (plugin / "lich_control" / "daemon.py").write_text("")
+    shutil.copy(os.path.join(ROOT, "hooks", "lich_runtime.py"), str(plugin / "hooks"))
+    figures = tmp_path / "setup.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "lich_bench.setup", "--runs", "1", "--plugin", str(plugin), "--python", sys.executable,
+         "--json", str(figures)], cwd=os.path.join(ROOT, "tests"), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[:2] for line in done.stdout.splitlines()[1:3]] == [["first", "session"], ["next", "session"]]
+    [run] = json.loads(figures.read_text())["runs"]
+    assert run["first session"]["built"] is True and run["next session"]["built"] is False
+    assert run["first session"]["cpu_s"] > 0

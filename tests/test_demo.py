@@ -48,3 +48,30 @@ def test_the_demo_passes_shows_every_kind_and_leaves_nothing_behind():
     with pytest.raises(ProcessLookupError):
         os.kill(daemon, 0)
     assert not os.path.exists(run_dir)
+
+
+def test_the_lines_make_run_prints_work_as_printed_where_python3_has_no_attrs(tmp_path):
+    # The other terminal's python3: the standard library alone.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=120)
+    proc = subprocess.Popen([sys.executable, "-m", "lich_dev.demo", "--run"], cwd=ROOT, env=daemon_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            if line.startswith("In another terminal"):
+                lines = [next(proc.stdout).strip() for _ in range(6)]
+                break
+        assert lines[0].startswith("cd "), lines
+        env = {name: value for name, value in daemon_env().items() if name != "PYTHONPATH"}
+        env["PATH"] = os.pathsep.join([str(tmp_path / "bare" / "bin"), env.get("PATH", "")])
+        for line in lines[2:]:
+            done = subprocess.run(["bash", "-c", "\n".join(lines[:2] + [line])], cwd=str(tmp_path), env=env,
+                                  capture_output=True, text=True, timeout=60)
+            assert "Traceback" not in done.stderr and "No module named" not in done.stderr, (line, done.stderr)
+            # The abort finds the prompt's turn running, or already over: an ack either way.
+            assert done.returncode == 0 or (" abort" in line and "no turn is running" in done.stdout + done.stderr), (
+                line, done.stdout, done.stderr)
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(30)
+        proc.stdout.close()

@@ -6,6 +6,7 @@ would send. No text may carry the token, and every failure keeps its cause."""
 import http.client
 import json
 import os
+import re
 import socket
 import threading
 import tracemalloc
@@ -110,12 +111,23 @@ def test_a_poll_gets_its_url_and_an_ack_posts_its_json_both_naming_the_contract_
 # -- what comes back ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status", [204, 302, 400, 401, 404, 500, 503])
+@pytest.mark.parametrize("status", [204, 302, 400, 404, 500, 503])
 def test_a_poll_not_answered_200_is_named_by_its_status_and_sent_once(mocked, client, status):
     mocked.get(POLL_URL, status=status, body="" if status == 204 else "why", headers={"Location": "/elsewhere"} if status == 302 else {})
     with pytest.raises(LichGone if status == 404 else PollFailed, match=f"^lich answered {status}$"):  # 404: lich predates the contract
         client.poll()
     assert len(mocked.calls) == 1  # a redirect is not followed, nothing is resent
+
+
+def test_a_401_says_the_token_is_wrong_and_what_to_do(mocked, client):
+    mocked.get(POLL_URL, status=401, body="invalid token")
+    mocked.post(ACK_URL, status=401, body="invalid token")
+    wrong = re.escape("the token is wrong (LICH_TOKEN is not one lich knows: lich restarted?); start a new session from lich")
+    with pytest.raises(PollFailed, match=f"^lich answered 401: {wrong}$"):
+        client.poll()
+    with pytest.raises(AckFailed, match=f"^lich refused it: 401 invalid token: {wrong}$") as caught:
+        client.ack(ACK)
+    assert caught.value.refused is True
 
 
 WIRE_FAILURES = {

@@ -20,6 +20,7 @@ import threading
 
 import pytest
 
+import lich_control
 from fakes import Clock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,27 +126,32 @@ def test_an_environment_that_no_longer_runs_the_daemon_is_built_again(plugin, da
     assert any("no longer runs the daemon; building it again" in line for line in setup.said)
 
 
-def test_a_failure_is_remembered_for_an_hour_and_retry_or_a_new_release_try_again_at_once(plugin, data):
+def test_a_failure_is_recorded_each_run_tries_again_and_a_success_clears_the_record(plugin, data):
     setup = StandIn(data, plugin)
-    setup.fail_with = "pip could not install lich-control: the package index could not be reached"
-    with pytest.raises(runtime.SetupFailed, match="^pip could not"):
-        setup.ensure()
-    setup.now.now += HOUR - 1
-    with pytest.raises(runtime.SetupFailed) as remembered:
-        setup.ensure()
-    assert str(remembered.value).startswith(setup.fail_with + " (at ")
-    assert "tried again after" in str(remembered.value)
-    assert setup.builds == 1
-    setup.now.now += 1
-    with pytest.raises(runtime.SetupFailed, match="^pip could not"):
-        setup.ensure()  # past the hour: tried again
-    with pytest.raises(runtime.SetupFailed, match="^pip could not"):
-        setup.ensure(retry=True)
-    assert setup.builds == 3
-    setup.plugin = make_plugin(plugin.root, version="0.2.0")
+    setup.fail_with = "pip could not install what lich-control needs: the package index could not be reached"
+    for _ in range(2):  # a session a minute later tries again, as the command the failure names does
+        with pytest.raises(runtime.SetupFailed, match="^pip could not"):
+            setup.ensure()
+        setup.now.now += 60
+    assert setup.builds == 2
+    assert runtime.read_json(os.path.join(data, runtime.FAILURE)) == {
+        "key": plugin.key(), "at": setup.now.now - 60, "error": setup.fail_with, "problem": setup.fail_with}
     setup.fail_with = None
-    assert setup.ensure()[1] is True and setup.builds == 4
-    assert not os.path.exists(os.path.join(data, runtime.FAILURE))
+    assert setup.ensure()[1] is True and setup.builds == 3
+    assert sorted(os.listdir(data)) == sorted(["env-" + plugin.key(), runtime.CURRENT, runtime.LOCK])
+
+
+def test_a_build_says_where_it_builds_and_records_that_it_runs_until_it_ends(plugin, data):
+    seen = []
+    setup = StandIn(data, plugin)
+    setup.building = seen.append
+    setup.install = lambda python: seen.append(runtime.read_json(os.path.join(data, runtime.RUNNING)))
+    setup.ensure()
+    assert seen == [os.path.join(data, "env-" + plugin.key()),
+                    {"pid": os.getpid(), "started": setup.now.now, "key": plugin.key()}]
+    assert not os.path.exists(os.path.join(data, runtime.RUNNING))
+    setup.ensure()  # ready: nothing to tell
+    assert len(seen) == 2
 
 
 def test_two_runs_at_once_take_turns_and_the_second_uses_what_the_first_built(plugin, data):
@@ -168,12 +174,39 @@ def test_two_runs_at_once_take_turns_and_the_second_uses_what_the_first_built(pl
         assert reused.result(30) == (built.result()[0], False)
 
 
+def test_a_run_that_waited_for_a_build_that_failed_answers_that_failure_without_building(plugin, data):
+    building = threading.Event()
+    release = threading.Event()
+    second_waits = threading.Event()
+
+    def fails_when_released(env):
+        building.set()
+        release.wait(30)
+        raise runtime.SetupFailed("python3 has no venv module")
+
+    first = StandIn(data, plugin)
+    first.create_venv = fails_when_released
+    second = StandIn(data, plugin)
+    second.say = lambda text: second_waits.set()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        failed = pool.submit(first.ensure)
+        assert building.wait(30)
+        answered = pool.submit(second.ensure)
+        assert second_waits.wait(30)
+        release.set()
+        with pytest.raises(runtime.SetupFailed, match="^python3 has no venv module$"):
+            failed.result(30)
+        with pytest.raises(runtime.SetupFailed, match="^python3 has no venv module$"):
+            answered.result(30)
+    assert second.builds == 0
+
+
 @pytest.mark.parametrize("output, problem", [
     ("WARNING: Retrying (Retry(total=0)) after connection broken by 'NewConnectionError(...)'\n"
      "ERROR: No matching distribution found for attrs>=22.2\n",
      "the package index could not be reached"),
     ("ERROR: Could not find a version that satisfies the requirement setuptools>=61 (from versions: none)\n",
-     "it could not get setuptools>=61 from the package index (unreachable, or none there for this Python)"),
+     "setuptools>=61 is not on the package index, or none there fits this Python"),
     ("Processing ./lich-control\nerror: [Errno 28] No space left on device\n",
      "error: [Errno 28] No space left on device"),
 ])
@@ -181,6 +214,79 @@ def test_pips_output_is_told_in_a_phrase(tmp_path, output, problem):
     log = tmp_path / "setup.log"
     log.write_text(output)
     assert runtime.pip_problem(str(log)) == problem
+
+
+class Steps(runtime.Runtime):
+    """Answers each step of an install from `answers` (argv[0] -> (code, output)) and records its argv."""
+
+    def __init__(self, data, plugin, answers):
+        super().__init__(data, plugin, lambda text: None, python="/usr/bin/python3")
+        self.answers = answers
+        self.ran = []
+
+    def run_captured(self, argv, **kwargs):
+        self.ran.append(argv)
+        return self.answers.get(argv[0], (0, ""))
+
+
+@pytest.fixture
+def needing(tmp_path):
+    """A plugin whose package needs two packages, and its environment's folder."""
+    plugin = make_plugin(str(tmp_path / "plugin"))
+    write(os.path.join(plugin.root, "setup.cfg"), "[options]\ninstall_requires =\n    attrs>=22.2\n    # for the poll\n    requests>=2.28\n")
+    os.makedirs(str(tmp_path / "data"))
+    return plugin, str(tmp_path / "data" / "env")
+
+
+def test_the_install_runs_the_cheapest_pip_there_is_and_copies_the_package_in(needing, monkeypatch):
+    plugin, env = needing
+    monkeypatch.setattr(runtime, "base_python", lambda: "/opt/python/bin/python3")
+    monkeypatch.setattr(runtime, "bundled_pips", lambda: ["/lib/ensurepip/_bundled/pip-24.0-py3-none-any.whl"])
+    setup = Steps(os.path.dirname(env), plugin, {
+        "/usr/bin/python3": (1, "/usr/bin/python3: No module named pip\n"),
+        "/opt/python/bin/python3": (2, "Usage: ...\nno such option: --python\n"),
+    })
+    setup.install(runtime.env_python(env))
+    tail = ["install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "attrs>=22.2", "requests>=2.28"]
+    assert setup.ran == [
+        ["/usr/bin/python3", "-m", "pip", "--python", runtime.env_python(env)] + tail,
+        ["/opt/python/bin/python3", "-m", "pip", "--python", runtime.env_python(env)] + tail,
+        [runtime.env_python(env), "/lib/ensurepip/_bundled/pip-24.0-py3-none-any.whl/pip"] + tail,
+    ]
+    with open(os.path.join(runtime.env_site_packages(env), "lich_control", "__init__.py")) as f:
+        assert f.read() == "VALUE = 1\n"
+    with open(os.path.join(os.path.dirname(env), runtime.LOG)) as f:
+        assert "no such option: --python" in f.read()
+
+
+def test_with_no_pip_anywhere_ensurepip_gives_the_environment_one(needing, monkeypatch):
+    plugin, env = needing
+    monkeypatch.setattr(runtime, "base_python", lambda: "/usr/bin/python3")
+    monkeypatch.setattr(runtime, "bundled_pips", lambda: [])
+    setup = Steps(os.path.dirname(env), plugin, {"/usr/bin/python3": (1, "No module named pip")})
+    setup.install(runtime.env_python(env))
+    assert [argv[:3] for argv in setup.ran] == [
+        ["/usr/bin/python3", "-m", "pip"], [runtime.env_python(env), "-m", "ensurepip"], [runtime.env_python(env), "-m", "pip"]]
+
+
+def test_a_pip_that_fails_at_its_job_is_the_failure_and_no_other_is_tried(needing):
+    plugin, env = needing
+    setup = Steps(os.path.dirname(env), plugin, {"/usr/bin/python3": (
+        1, "ERROR: No matching distribution found for attrs>=22.2\n")})
+    with pytest.raises(runtime.SetupFailed, match="attrs>=22.2 is not on the package index") as failed:
+        setup.install(runtime.env_python(env))
+    assert failed.value.short == "pip: attrs>=22.2 is not on the package index, or none there fits this Python"
+    assert len(setup.ran) == 1
+
+
+def test_a_real_build_of_a_package_that_needs_nothing_runs_no_pip_and_imports(tmp_path, data):
+    # A real venv, offline: the package's own files copied in are what makes it run.
+    plugin = make_plugin(str(tmp_path / "plugin"))
+    write(os.path.join(plugin.root, "lich_control", "daemon.py"), "")
+    setup = runtime.Runtime(data, plugin, lambda text: None)
+    python, built = setup.ensure()
+    assert built and runtime.imports_daemon(python)
+    assert not os.path.exists(os.path.join(os.path.dirname(os.path.dirname(python)), "bin", "pip"))
 
 
 # --- the build's children, when the setup ends mid-way -----------------------
@@ -279,9 +385,9 @@ def copy_of_the_script(plugin):
 def run_script(script, *args, env=None, preexec_fn=None):
     result = subprocess.run([sys.executable, script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             universal_newlines=True, env=env, timeout=120, preexec_fn=preexec_fn)
-    lines = result.stdout.splitlines()
-    assert len(lines) == 1, result.stdout + result.stderr
-    return result.returncode, json.loads(lines[0]), result.stderr
+    *told, last = [json.loads(line) for line in result.stdout.splitlines()]
+    assert all(set(line) == {"building"} for line in told), result.stdout
+    return result.returncode, last, result.stderr
 
 
 @pytest.fixture
@@ -293,21 +399,35 @@ def too_new(tmp_path):
 def test_the_program_answers_a_failure_in_one_json_line_that_says_what_to_do(too_new, data):
     code, result, stderr = run_script(too_new, env=dict(os.environ, CLAUDE_PLUGIN_DATA=data))
     assert code == 1
-    assert set(result) == {"ok", "error"} and result["ok"] is False
-    error = result["error"]
-    assert "\n" not in error
-    assert "{} is Python {}, and lich-control needs 99.0 or later".format(sys.executable, runtime.version_text()) in error
-    assert "Set the plugin's python option" in error and "docs/install.md" in error
-    assert "{} --data {} --retry".format(too_new, data) in error
+    problem = "{} is Python {}, and lich-control needs 99.0 or later".format(sys.executable, runtime.version_text())
+    assert result == {"ok": False, "problem": problem, "command": "{} {} --data {}".format(sys.executable, too_new, data),
+                      "error": result["error"]}
+    assert "\n" not in result["error"]
+    assert result["error"].startswith("lich-control cannot set up its Python environment: {}. To try again: {} "
+                                      .format(problem, result["command"]))
+    assert "set the plugin's python option" in result["error"] and "docs/install.md" in result["error"]
     assert "Traceback" not in stderr
-    assert sorted(os.listdir(data)) == [runtime.FAILURE, runtime.LOCK]  # remembered, and no environment
+    assert sorted(os.listdir(data)) == [runtime.FAILURE, runtime.LOCK]  # recorded, and no environment
+
+
+def test_the_command_a_failure_names_works_as_printed_in_a_shell(tmp_path):
+    # Folders with a space and a quote in their names, as a person's home may have.
+    plugin = make_plugin(str(tmp_path / "the plugin's folder"), requires=">=99.0")
+    write(os.path.join(plugin.root, "lich_control", "daemon.py"), "")
+    script = copy_of_the_script(plugin)
+    data = str(tmp_path / "data folder")
+    _, result, _ = run_script(script, "--data", data)
+    make_plugin(plugin.root)  # the cause mended
+    done = subprocess.run(result["command"], shell=True, stdout=subprocess.PIPE, universal_newlines=True, timeout=120)
+    assert done.returncode == 0
+    assert json.loads(done.stdout.splitlines()[-1])["ok"] is True
 
 
 def test_the_program_with_no_data_folder_says_so_and_offers_no_retry(too_new):
     env = {name: value for name, value in os.environ.items() if name != "CLAUDE_PLUGIN_DATA"}
     _, result, _ = run_script(too_new, env=env)
     assert "it has no data folder to keep it in (--data DIR, or CLAUDE_PLUGIN_DATA" in result["error"]
-    assert "--retry" not in result["error"]
+    assert result["command"] is None and "To try again" not in result["error"]
 
 
 @pytest.fixture
@@ -378,12 +498,24 @@ def run_tool(tmp_path, tool, *args, **lich):
                           stderr=subprocess.PIPE, universal_newlines=True, env=env, timeout=60)
 
 
-def test_a_tool_runs_in_the_interpreter_the_relay_named(tmp_path):
+@pytest.fixture
+def named(tmp_path):
+    """An interpreter that has lich-control, as the relay names one."""
     named = tmp_path / "python"
     named.write_text('#!/bin/sh\nexec "{}" "$@"\n'.format(sys.executable))
     named.chmod(0o755)
-    result = run_tool(tmp_path, "lich-mod-status", "--json", LICH_CONTROL_PYTHON=str(named))
-    assert json.loads(result.stdout) == {"run_dir": str(tmp_path / "run"), "daemons": []}, result.stderr
+    return str(named)
+
+
+def test_a_tool_runs_in_the_interpreter_the_relay_named(tmp_path, named):
+    result = run_tool(tmp_path, "lich-mod-status", "--json", LICH_CONTROL_PYTHON=named)
+    assert json.loads(result.stdout) == {"run_dir": str(tmp_path / "run"), "daemons": [], "setups": []}, result.stderr
+
+
+@pytest.mark.parametrize("option, said", [("--version", lich_control.__version__ + "\n"), ("--help", "usage: lich-mod-daemon")])
+def test_the_daemon_outside_lich_answers_what_it_is_asked_about_itself(tmp_path, named, option, said):
+    result = run_tool(tmp_path, "lich-mod-daemon", option, LICH_CONTROL_PYTHON=named)
+    assert result.returncode == 0 and result.stdout.startswith(said), result.stderr
 
 
 LICH = {"LICH_PORT": "4100", "LICH_TOKEN": "secret-token", "LICH_SESSION_ID": "card-1"}
@@ -403,3 +535,46 @@ def test_a_tool_with_no_environment_says_in_one_line_what_to_do(tmp_path, tool):
     assert line.startswith(tool + ": lich-control's Python environment is not built yet (no attrs here)")
     assert "{} --data".format(SCRIPT) in line
     assert "secret-token" not in result.stderr
+
+
+@pytest.fixture
+def kept(tmp_path):
+    """A data folder where Claude Code keeps one, as the bin/ tools look for it."""
+    folder = tmp_path / "claude" / "plugins" / "data" / "lich-control-lich-control"
+    folder.mkdir(parents=True)
+    return str(folder)
+
+
+def test_a_setup_is_told_as_running_while_its_lock_is_held_and_as_failed_with_the_command_after(kept, tmp_path):
+    environ = {"CLAUDE_CONFIG_DIR": str(tmp_path / "claude")}
+    write(os.path.join(kept, runtime.RUNNING), json.dumps({"pid": 4242, "started": 0, "key": "0.1.0-x"}))
+    assert runtime.setup_states(environ) == []  # its build is gone: no lock held
+    with runtime._Lock(os.path.join(kept, runtime.LOCK), print):
+        [state] = runtime.setup_states(environ)
+    assert (state["data"], state["state"]) == (kept, "running")
+    line = state["text"]
+    assert line.startswith("a setup of lich-control's Python environment is running in {} (since ".format(kept))
+    assert line.endswith(", pid 4242); the daemon starts when it is done")
+    write(os.path.join(kept, runtime.FAILURE), json.dumps({"key": "0.1.0-x", "at": 0, "error": "python3 has no venv module"}))
+    [state] = runtime.setup_states(environ)
+    assert state["state"] == "failed"
+    line = state["text"]
+    assert " failed at " in line
+    assert line.endswith(": python3 has no venv module. To try again: " + runtime.retry_command(kept))
+
+
+def test_the_status_tool_with_no_environment_says_a_setup_is_running(kept, tmp_path):
+    write(os.path.join(kept, runtime.RUNNING), json.dumps({"pid": 4242, "started": 0, "key": "0.1.0-x"}))
+    with runtime._Lock(os.path.join(kept, runtime.LOCK), print):
+        result = run_tool(tmp_path, "lich-mod-status")
+    assert result.returncode == 0
+    assert result.stdout.startswith("a setup of lich-control's Python environment is running in ")
+
+
+def test_the_status_tool_with_no_environment_names_the_failure_and_the_command(kept, tmp_path):
+    write(os.path.join(kept, runtime.FAILURE), json.dumps({"key": "0.1.0-x", "at": 0, "error": "python3 has no venv module"}))
+    result = run_tool(tmp_path, "lich-mod-status")
+    assert result.returncode == 1
+    [line] = result.stdout.splitlines()
+    assert "failed at" in line and "python3 has no venv module" in line
+    assert line.endswith("To try again: {} {} --data {}".format(sys.executable, SCRIPT, kept))

@@ -43,6 +43,7 @@ def folder(tmp_path, monkeypatch):
     status given (a document, or what makes one)."""
     monkeypatch.setenv("LICH_CONTROL_RUN_DIR", str(tmp_path))
     monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("COLUMNS", raising=False)  # a terminal's width, where the suite runs in one
     servers = []
 
     def serve(statuses):
@@ -121,9 +122,27 @@ def test_a_session_without_a_daemon_exits_1(run):
     assert code == 1 and "no daemon for session nobody" in err
 
 
-def test_an_empty_run_folder_exits_1(folder, capsys):
-    assert statuscli.main([]) == 1
-    assert "no daemon answers" in capsys.readouterr().err
+def test_an_empty_run_folder_says_no_daemon_runs_and_exits_0(folder, capsys):
+    assert statuscli.main([]) == 0
+    assert capsys.readouterr().out == f"no daemon is running: none answers in {folder.path}\n"
+
+
+def test_what_the_setups_are_doing_follows_the_daemons_and_a_failed_one_exits_1(folder, capsys):
+    building = {"data": "/d", "state": "running", "text": "a setup … is running in /d (since 03:12:00, pid 7)"}
+    failed = {"data": "/e", "state": "failed", "text": "the last setup … in /e failed at 03:10:00: … To try again: x"}
+    assert statuscli.main([], setups=lambda: [building]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [building["text"]]
+    assert statuscli.main(["--json"], setups=lambda: [building, failed]) == 1
+    assert json.loads(capsys.readouterr().out)["setups"] == [building, failed]
+
+
+def test_the_overview_fits_the_terminal_and_cuts_the_widest_cells(run, monkeypatch):
+    _, wide, _ = run()
+    assert max(map(len, wide.splitlines())) > 80
+    monkeypatch.setenv("COLUMNS", "80")
+    _, out, _ = run()
+    assert max(map(len, out.splitlines())) <= 80
+    assert "…" in out and "  polling" in row(out, "live")
 
 
 @pytest.mark.parametrize("foreign", ["another user's", "writable by others"])

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -277,6 +278,21 @@ def run_demo(say: Say) -> int:
     return 0
 
 
+def by_hand(run_dir: str) -> List[str]:
+    """The lines to drive the daemon with from another terminal, in any
+    folder, whatever `python3` is there: the tools run with this interpreter,
+    the one the project is installed in."""
+    python = shlex.quote(os.path.relpath(sys.executable, ROOT))
+    return [
+        f"cd {shlex.quote(ROOT)}",
+        f"export LICH_CONTROL_RUN_DIR={shlex.quote(run_dir)}",
+        f"{python} tests/lich-stub control {SESSION} prompt run the tests",
+        f"{python} tests/lich-stub control {SESSION} abort",
+        f"{python} tests/lich-stub ask {SESSION} what are you doing",
+        f"{python} bin/lich-mod-status {SESSION}",
+    ]
+
+
 def run_by_hand(say: Say) -> int:
     timings = {k: os.environ.get(k, v) for k, v in RUN_TIMINGS.items()}
     stop = threading.Event()
@@ -290,12 +306,7 @@ def run_by_hand(say: Say) -> int:
             return 1
         print(
             f"\nlich-stub on 127.0.0.1:{demo.lich.port}, daemon pid {demo.daemon.pid} on the simulated session {SESSION!r}.\n"
-            "In another terminal:\n"
-            f"  export LICH_CONTROL_RUN_DIR={demo.run_dir}\n"
-            f"  tests/lich-stub control {SESSION} prompt run the tests\n"
-            f"  tests/lich-stub control {SESSION} abort\n"
-            f"  tests/lich-stub ask {SESSION} what are you doing\n"
-            f"  bin/lich-mod-status {SESSION}\n"
+            "In another terminal:\n" + "".join(f"  {line}\n" for line in by_hand(demo.run_dir)) +
             "Ctrl-C here stops everything.\n",
             flush=True,
         )

@@ -26,10 +26,12 @@ import signal
 import subprocess
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import pyte
+
 from devlich import Lich, Unavailable, daemon_status
 from fakeapi import FakeAPI
 from processes import Closing, ProcessWatch, wait_until
-from terminal import Terminal
+from terminal import COLUMNS, ROWS, Terminal
 from workspace import CHECKOUT, Workspace
 
 
@@ -91,6 +93,10 @@ class HostSession(Closing):
         self.terminal = Terminal(self.argv, self.env, ws.work)
         if watch is not None:
             watch.track(self.terminal.pid)
+        # What the person sees: the terminal's output drawn on a screen of its size.
+        self._screen = pyte.Screen(COLUMNS, ROWS)
+        self._stream = pyte.Stream(self._screen)
+        self._drawn = 0
 
     @property
     def pid(self) -> int:
@@ -127,6 +133,19 @@ class HostSession(Closing):
         where, lines = self.log_lines()
         screen = " ".join(self.terminal.text.split())[-600:]
         return "\n".join([f"{where}, the relay's and the errors' lines:", *lines[-20:], f"screen: {screen}"])
+
+    def screen(self) -> str:
+        """The text on the screen now, one line per row."""
+        output = self.terminal.output
+        self._stream.feed(output[self._drawn:])
+        self._drawn = len(output)
+        return "\n".join(line.rstrip() for line in self._screen.display)
+
+    def wait_for_screen(self, words: str, timeout: float) -> str:
+        """The screen once `words` are on it (runs of blanks squeezed)."""
+        wanted = " ".join(words.split())
+        return self.wait_for(self.screen, lambda text: wanted in " ".join(text.split()), timeout,
+                             f"{words!r} on the screen", lambda text: f"the screen: {text}")
 
     def log_lines(self) -> Tuple[str, List[str]]:
         """Which log, and its lines about the relay or an error."""

@@ -25,14 +25,11 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
-import pyte
-
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.append(os.path.join(CHECKOUT, "tests", "live"))
 
 from devlich import Lich, python  # noqa: E402
 from fakemodel import FakeModel  # noqa: E402
-from terminal import COLUMNS, ROWS  # noqa: E402
 from world import HostSession, LiveWorld, lich_env, pinned_binary  # noqa: E402
 from workspace import Workspace  # noqa: E402
 
@@ -150,23 +147,6 @@ class OpencodeSession(HostSession):
         self.oc = world.oc
         self.started = time.monotonic()
         super().__init__(world.ws, [world.binary], world.oc.env(world.lich, session_id), session_id, world.watch)
-        # What the person sees: the terminal's output drawn on a screen of its size.
-        self._screen = pyte.Screen(COLUMNS, ROWS)
-        self._stream = pyte.Stream(self._screen)
-        self._drawn = 0
-
-    def screen(self) -> str:
-        """The text on the screen now, one line per row."""
-        output = self.terminal.output
-        self._stream.feed(output[self._drawn:])
-        self._drawn = len(output)
-        return "\n".join(line.rstrip() for line in self._screen.display)
-
-    def wait_for_screen(self, words: str, timeout: float) -> str:
-        """The screen once `words` are on it (runs of blanks squeezed)."""
-        wanted = " ".join(words.split())
-        return self.wait_for(self.screen, lambda text: wanted in " ".join(text.split()), timeout,
-                             f"{words!r} on the screen", lambda text: f"the screen: {text}")
 
     def log_lines(self) -> Tuple[str, List[str]]:
         return "opencode's log", [line for line in self.oc.log().splitlines() if "lich" in line or "level=ERROR" in line]

@@ -5,8 +5,11 @@ import { describe, expect, test, type Engine } from 'claude-code/testing'
 import { Child, DATA, ENV_PYTHON, LICH, SETUP, World, answered, step } from './world.ts'
 
 const INTERACTIVE = { cwd: '/home/me/project', surface: 'terminal', isInteractive: true } as const
-const FAILURE =
-  "lich-control cannot set up its Python environment: pip could not install lich-control: the package index could not be reached. Set the plugin's python option to an interpreter that has lich-control installed, or install it by hand (docs/install.md)"
+const PROBLEM = 'pip: the package index could not be reached'
+const RETRY = `/usr/bin/python3 /plugin/hooks/lich_runtime.py --data ${DATA}`
+const FAILURE = `lich-control cannot set up its Python environment: ${PROBLEM}. To try again: ${RETRY} (the next session tries again too). Or set the plugin's python option to an interpreter that has lich-control installed, or install it by hand (docs/install.md)`
+// The line under the prompt while the setup builds.
+const BUILDING = 'setting up Python for lich (first run)…'
 
 describe('the gate', () => {
   for (const name of Object.keys(LICH)) {
@@ -14,10 +17,11 @@ describe('the gate', () => {
       ['unset', Object.fromEntries(Object.entries(LICH).filter(([key]) => key !== name))],
       ['empty', { ...LICH, [name]: '' }],
     ] as const) {
-      test(`${name} ${how}: no daemon`, async ($, on) => {
+      test(`${name} ${how}: no daemon, and nothing on screen`, async ($, on) => {
         const world = await started($, on, {}, env)
         await world.clock.settle()
         expect(world.children).toHaveLength(0)
+        expect(world.statuses).toEqual([])
       })
     }
   }
@@ -33,6 +37,11 @@ describe('the gate', () => {
     expect(env).toEqual({ CLAUDE_PID: '77', CLAUDE_PLUGIN_DATA: DATA, LICH_CONTROL_PARENT_PID: '77' })
     // The token reaches the daemon through the inherited environment alone.
     expect(JSON.stringify(world.child.request)).not.toContain(LICH.LICH_TOKEN)
+    // Its environment was ready: nothing to show (the line an earlier load
+    // of the module may have left is taken away, which shows nothing).
+    world.child.hello('/s1')
+    await world.clock.settle()
+    expect(world.statuses).toEqual([undefined])
   })
 
   test('with no hook variables to read, the daemon is named no parent and finds its own', async ($, on) => {
@@ -40,12 +49,13 @@ describe('the gate', () => {
     expect(world.child.request.env).toBeUndefined()
   })
 
-  test('a non-interactive run starts nothing', async ($, on) => {
+  test('a non-interactive run starts nothing, and shows nothing', async ($, on) => {
     const world = new World(on)
     await $.session.start({ cwd: '/home/me/project', surface: null, isInteractive: false })
     await world.clock.settle()
     expect(world.children).toHaveLength(0)
     expect(world.setups).toHaveLength(0)
+    expect(world.statuses).toEqual([])
   })
 })
 
@@ -258,6 +268,10 @@ describe('the Python environment', () => {
     expect(cwd).toStartWith('/')
     expect(env.CLAUDE_PLUGIN_DATA).toBe(DATA)
 
+    // It says it builds: a line under the prompt says so, until the daemon is up.
+    world.setups[0].building()
+    await world.untilShown(BUILDING)
+
     // Turns go on while it builds.
     await drain($.turn.step(step(0)))
     expect(world.steps).toEqual([step(0)])
@@ -266,6 +280,10 @@ describe('the Python environment', () => {
 
     world.setups[0].ready(true)
     await world.untilSpawned(1)
+    expect(world.statuses).toEqual([undefined, BUILDING])
+    world.child.hello('/s1')
+    await world.until(() => world.statuses.length === 3)
+    expect(world.statuses).toEqual([undefined, BUILDING, undefined])
     expect(world.child.request.argv).toEqual([ENV_PYTHON, '-m', 'lich_control.daemon'])
     expect(world.logs).toContain(`lich-control setup: creating a virtual environment in ${DATA}/env-0.1.0-0123456789ab`)
     // The session's own commands (bin/ on its PATH) find the same interpreter.
@@ -276,16 +294,20 @@ describe('the Python environment', () => {
     expect(world.children).toHaveLength(1)
   })
 
-  // However the setup ends badly: one line that says why and what to do, no
-  // daemon, no second try, and nothing waits for a daemon that will not come.
-  for (const [how, arrange, end, why] of [
-    ['a build that fails', { holdSetup: true }, (setup: Child) => setup.failed(FAILURE), FAILURE],
+  // However the setup ends badly: one line in the log that says why and what
+  // to do, one on screen with its cause and what tries again, no daemon, and
+  // nothing waits for a daemon that will not come.
+  for (const [how, arrange, end, why, onScreen] of [
+    ['a build that fails', { holdSetup: true }, (setup: Child) => (setup.building(), setup.failed(FAILURE, PROBLEM)),
+      FAILURE, `cannot set up Python for lich: ${PROBLEM}. Mend that, then /reload-plugins`],
     ['no python3 to run the setup with', { refuseSetup: 'no such file: python3' }, undefined,
-      'python3 did not run (lich-control: $.process.spawn: no such file: python3)'],
+      'python3 did not run (lich-control: $.process.spawn: no such file: python3)',
+      'cannot set up Python for lich: python3 did not run (lich-control: $.process.spawn: no such file: python3). Install Python 3.9 or later, then /reload-plugins'],
     ['a setup that ends without a result', { holdSetup: true }, (setup: Child) => setup.exit(1),
-      `${SETUP} exited with 1 without a result`],
+      `${SETUP} exited with 1 without a result`,
+      `cannot set up Python for lich: ${SETUP} exited with 1 without a result (claude --debug logs its steps). /reload-plugins tries again`],
   ] as const) {
-    test(`${how}: one line in the log, and no daemon`, async ($, on) => {
+    test(`${how}: one line in the log, one on screen, and no daemon`, async ($, on) => {
       const world = await started($, on, arrange)
       if (end) await world.untilSetUp(1).then(() => end(world.setups[0]))
       await world.untilLogged('cannot set up')
@@ -294,6 +316,7 @@ describe('the Python environment', () => {
       const lines = world.logs.filter(line => line.includes('cannot set up'))
       expect(lines).toEqual([expect.stringContaining(why)])
       expect(lines[0]).toContain("plugin's python option")
+      expect(world.statuses[world.statuses.length - 1]).toBe(onScreen)
       expect(world.setups.length).toBeLessThanOrEqual(1)
       expect(world.children).toHaveLength(0)
       expect(world.posts).toHaveLength(0)

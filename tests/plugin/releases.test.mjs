@@ -25,15 +25,21 @@ let loads = 0
 class Session {
   spawned = []
   logs = []
+  // What $.ui.log put in the transcript (no { to: 'debug' }), and what $.ui.status pinned.
+  transcript = []
+  statuses = []
   submitted = []
   posts = []
   waiters = []
 
   // lacking: the `$` calls this release does not have, as 'noun.event';
   // settings: the merged settings; keyedSettings: whether settings.read
-  // answers { key } with that key's value (2.1.304 on) or ignores it.
-  constructor({ lacking = [], root = ROOT, settings = {}, keyedSettings = true, files = {}, env = {} } = {}) {
+  // answers { key } with that key's value (2.1.304 on) or ignores it;
+  // setup: what the setup script answers, its lines on stdout.
+  constructor({ lacking = [], root = ROOT, settings = {}, keyedSettings = true, files = {}, env = {},
+    setup = [{ ok: true, python: ENV_PYTHON, built: false }] } = {}) {
     this.files = files
+    this.setup = setup
     const session = this
     this.$ = {
       plugin: { name: 'lich-control', root },
@@ -54,7 +60,10 @@ class Session {
         },
         exists: async path => path in session.files,
       },
-      ui: { log: text => session.#note(() => session.logs.push(text)) },
+      ui: {
+        log: (text, options) => session.#note(() => (options?.to === 'debug' ? session.logs : session.transcript).push(text)),
+        status: text => session.#note(() => session.statuses.push(text)),
+      },
       session: { info: async () => ({ platform: 'linux', isHosted: false }) },
       clock: { sleep: async () => {}, now: async () => 0 },
       process: {
@@ -134,8 +143,8 @@ class Session {
     stream.result = new Promise(resolve => (settle = resolve))
     this.#note(() => this.spawned.push(child))
     if (String(request.argv[1]).endsWith('lich_runtime.py')) {
-      child.write(JSON.stringify({ ok: true, python: ENV_PYTHON, built: false }) + '\n')
-      child.exit(0)
+      for (const line of this.setup) child.write(JSON.stringify(line) + '\n')
+      child.exit(this.setup.at(-1).ok ? 0 : 1)
     }
     return stream
   }
@@ -211,6 +220,21 @@ test('where prompt.submit does not read asUser (before 2.1.286), a notification 
     ok: true,
     value: { text, origin: { kind: 'plugin', name: 'lich-control' } },
   })
+})
+
+test('without $.ui.status (every release the relay runs on has it, from 2.1.259), the setup\'s lines go in the transcript', async () => {
+  const problem = 'pip: the package index could not be reached'
+  const session = await new Session({
+    lacking: ['ui.status'],
+    setup: [{ building: '/data/env' }, { ok: false, error: `lich-control cannot set up its Python environment: ${problem}.`, problem }],
+  }).start()
+  await session.until(() => session.transcript.length === 2)
+  assert.deepEqual(session.transcript, [
+    'lich-control: setting up Python for lich (first run)…',
+    `lich-control: cannot set up Python for lich: ${problem}. Mend that, then /reload-plugins`,
+  ])
+  assert.deepEqual(session.statuses, [])
+  assert.equal(session.daemons().length, 0)
 })
 
 // The next call a release turns out to lack, where nothing checks for it:

@@ -36,6 +36,11 @@ export class Child {
     this.line({ op: 'hello', protocol: 1, pid: 4242, socket, version: '0.1.0' })
   }
 
+  // The setup script saying it builds, as it starts to.
+  building() {
+    this.line({ building: `${DATA}/env-0.1.0-0123456789ab` })
+  }
+
   // The setup script's end: a step on stderr, then the result line.
   ready(built: boolean) {
     if (built) this.write(`creating a virtual environment in ${DATA}/env-0.1.0-0123456789ab\n`, 'stderr')
@@ -43,8 +48,8 @@ export class Child {
     this.exit(0)
   }
 
-  failed(error: string) {
-    this.line({ ok: false, error })
+  failed(error: string, problem?: string) {
+    this.line({ ok: false, error, ...(problem !== undefined && { problem }) })
     this.exit(1)
   }
 
@@ -80,6 +85,8 @@ export class World {
   readonly setups: Child[] = []
   readonly posts: Post[] = []
   readonly logs: string[] = []
+  // What $.ui.status pinned, call by call (undefined: cleared).
+  readonly statuses: (string | undefined)[] = []
   // The model requests that reach the bottom, as the relay passed them on.
   readonly steps: any[] = []
   // How the model answers them: at once, with nothing, unless replaced.
@@ -120,6 +127,11 @@ export class World {
     on('turn.complete', async ($, e) => ({ text: e.answer }))
     on('ui.log', ($, e) => {
       this.logs.push(e.text)
+      this.changed()
+      return { value: undefined }
+    })
+    on('ui.status', ($, e) => {
+      this.statuses.push(e.text)
       this.changed()
       return { value: undefined }
     })
@@ -198,6 +210,10 @@ export class World {
 
   untilResults(count: number) {
     return this.until(() => this.results().length >= count)
+  }
+
+  untilShown(text: string | undefined) {
+    return this.until(() => this.statuses.includes(text))
   }
 
   untilLogged(text: string) {
