@@ -180,7 +180,11 @@ async function lichPluginPolls($) {
 async function installPaths($) {
   try {
     const configDir = (await $.env.get('CLAUDE_CONFIG_DIR')) || `${await $.env.get('HOME')}/.claude`
-    const record = JSON.parse(await $.fs.read(`${configDir}/plugins/installed_plugins.json`))
+    const path = `${configDir}/plugins/installed_plugins.json`
+    // There is none before the first install, and a failed $.fs.read is an
+    // [ERROR] line in the debug log.
+    if (!(await $.fs.exists(path))) return {}
+    const record = JSON.parse(await $.fs.read(path))
     const paths = {}
     for (const [id, installs] of Object.entries(record?.plugins ?? {})) {
       const found = Array.isArray(installs) ? installs.map(install => install?.installPath).filter(path => typeof path === 'string') : []

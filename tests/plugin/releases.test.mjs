@@ -27,6 +27,8 @@ class Session {
   logs = []
   submitted = []
   posts = []
+  // Files read that are not there: in Claude Code each is an [ERROR] line of the debug log.
+  missingReads = []
   waiters = []
 
   // lacking: the `$` calls this release does not have, as 'noun.event';
@@ -50,6 +52,7 @@ class Session {
       fs: {
         read: async path => {
           if (path in session.files) return session.files[path]
+          session.missingReads.push(path)
           throw new Error(`ENOENT: ${path}`)
         },
         exists: async path => path in session.files,
@@ -160,6 +163,7 @@ test('without $.process.hookEnv (before 2.1.326), the daemon starts, named no pa
       // No LICH_CONTROL_PARENT_PID: the daemon takes the parent it finds.
       assert.deepEqual(session.daemons()[0].request.env, { CLAUDE_PLUGIN_DATA: data })
       assert.deepEqual(session.daemons()[0].request.argv, [ENV_PYTHON, '-m', 'lich_control.daemon'])
+      assert.deepEqual(session.missingReads, [])
     })
   }
 })
