@@ -23,7 +23,8 @@ const bridge = new Bridge()
 /** @type {import('claude-code').Register} */
 export function register(on) {
   on('session.start', async ($, e, next) => {
-    const started = await next(e)
+    // Before next(e), and not awaited: the daemon's start, a Python
+    // interpreter's, overlaps the rest of the session's.
     if (!claimed) {
       claimed = true
       // Nothing that keeps the daemon from starting goes unsaid: a throw
@@ -32,7 +33,7 @@ export function register(on) {
         log($, `lich-control could not start its daemon, so lich cannot control this session: ${messageOf(err)}`),
       )
     }
-    return started
+    return next(e)
   })
 
   // Only the main loop's turn can be aborted with $.turn.abort.
@@ -56,16 +57,22 @@ export function register(on) {
 // environment is built, and the daemon starts when it is ready.
 async function supervise($, isInteractive) {
   try {
-    if (isInteractive && (await insideLich($)) && (await daemonRunsHere($)) && !(await lichPluginPolls($))) {
-      const env = await hookEnv($)
-      const python = (await namedPython($)) ?? (await setUp($, env))
-      if (python !== null) {
-        // Every command the session runs after inherits it: bin/lich-mod-status
-        // on its PATH finds the daemon's interpreter there.
-        await $.env.set('LICH_CONTROL_PYTHON', python).catch(() => undefined)
-        await bridge.serve(host($, python, env))
-      }
-    }
+    if (!isInteractive || !(await insideLich($))) return
+    // Asked all at once: each is a round trip to Claude Code's worker, and
+    // the daemon's start waits on the last of them.
+    const [runsHere, otherPolls, env, named] = await Promise.all([
+      daemonRunsHere($),
+      lichPluginPolls($),
+      hookEnv($),
+      namedPython($),
+    ])
+    if (!runsHere || otherPolls) return
+    const python = named ?? (await setUp($, env))
+    if (python === null) return
+    // Every command the session runs after inherits it: bin/lich-mod-status
+    // on its PATH finds the daemon's interpreter there.
+    await $.env.set('LICH_CONTROL_PYTHON', python).catch(() => undefined)
+    await bridge.serve(host($, python, env))
   } finally {
     bridge.close()
   }
@@ -121,10 +128,12 @@ async function configFolder($) {
 // A `claude -p` run from a tool inside a lich session inherits its variables:
 // isInteractive is what keeps it from taking the parent's commands.
 async function insideLich($) {
-  // Read one by one: $.env.get takes the name as a literal.
-  const port = await $.env.get('LICH_PORT').catch(() => undefined)
-  const token = await $.env.get('LICH_TOKEN').catch(() => undefined)
-  const session = await $.env.get('LICH_SESSION_ID').catch(() => undefined)
+  // One call a name: $.env.get takes the name as a literal.
+  const [port, token, session] = await Promise.all([
+    $.env.get('LICH_PORT').catch(() => undefined),
+    $.env.get('LICH_TOKEN').catch(() => undefined),
+    $.env.get('LICH_SESSION_ID').catch(() => undefined),
+  ])
   // The token is only looked at, never kept: the daemon reads it from the
   // environment it inherits from the host.
   return Boolean(port && token && session)
@@ -221,8 +230,8 @@ async function registeredMod($, root) {
 // without a stored value as "not yet set" at install, default or not, and
 // this one needs none. Null when none names an interpreter.
 async function namedPython($) {
-  for (const source of ['policy', 'flag', 'user']) {
-    const settings = await $.settings.read({ source }).catch(() => undefined)
+  const sources = await Promise.all(['policy', 'flag', 'user'].map(source => $.settings.read({ source }).catch(() => undefined)))
+  for (const settings of sources) {
     for (const [key, config] of Object.entries(settings?.pluginConfigs ?? {})) {
       if (key !== $.plugin.name && !key.startsWith(`${$.plugin.name}@`)) continue
       const python = config?.options?.python
