@@ -108,13 +108,16 @@ async function hookEnv($) {
 
 // The folder Claude Code keeps for this plugin's data, as it names it:
 // data/<plugin id> in its plugins folder, every character of the id but
-// letters, digits, - and _ made -. The id is the install record's for this
-// plugin's folder, else <name>@inline, a folder loaded with --plugin-dir.
+// letters, digits, - and _ made -. The id is the install record's: the one
+// whose copy is this plugin's folder, else the only one of this name (a
+// marketplace added from a folder runs the plugin there, not from its
+// copy); with none, <name>@inline, a folder loaded with --plugin-dir.
 async function dataFolder($) {
   try {
     const plugins = (await $.env.get('CLAUDE_CODE_PLUGIN_CACHE_DIR')) || `${await configFolder($)}/plugins`
     const installs = await installPaths($)
-    const id = Object.keys(installs).find(key => installs[key].includes($.plugin.root)) ?? `${$.plugin.name}@inline`
+    const ids = Object.keys(installs).filter(key => key.startsWith(`${$.plugin.name}@`))
+    const id = ids.find(key => installs[key].includes($.plugin.root)) ?? (ids.length === 1 ? ids[0] : `${$.plugin.name}@inline`)
     return `${plugins}/data/${id.replace(/[^a-zA-Z0-9_-]/g, '-')}`
   } catch {
     return undefined

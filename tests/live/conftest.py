@@ -2,7 +2,7 @@ import pytest
 
 from claude_world import claude_binary
 from devlich import Unavailable
-from releases import degrade_releases, release, session_releases
+from releases import degrade_releases, install_releases, release, session_releases
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +25,12 @@ def installed(version, claude):
 @pytest.fixture(scope="session", params=session_releases())
 def session_release(request, claude):
     """Each release the session test runs on (releases.py), in turn."""
+    return installed(request.param, claude)
+
+
+@pytest.fixture(scope="session", params=install_releases())
+def install_release(request, claude):
+    """Each release the install check runs on, in turn."""
     return installed(request.param, claude)
 
 

@@ -6,6 +6,8 @@ the test needs it.
                         (default: the oldest that runs mods, one from the middle, the last
                         without $.process.hookEnv and $.session.info, and the pinned one)
     LICH_LIVE_DEGRADE   the releases that must skip the mod cleanly (default: 2.1.278 2.1.200)
+    LICH_LIVE_INSTALL   the releases the install check runs on (default: 2.1.325, the last
+                        without $.process.hookEnv, and the pinned one)
 
 Each is installed from the npm registry by .ci/claude-code when it is not
 cached yet; the pinned one is LICH_LIVE_CLAUDE's when that is set.
@@ -23,6 +25,8 @@ from workspace import CHECKOUT
 PINNED = "2.1.332"
 SESSION_RELEASES = ("2.1.280", "2.1.300", "2.1.325", PINNED)
 DEGRADE_RELEASES = ("2.1.278", "2.1.200")
+# The install check also runs where the relay names the data folder itself.
+INSTALL_RELEASES = ("2.1.325", PINNED)
 
 # Mods are off by default from 2.1.280 to 2.1.285 in a session with no
 # feature-flag server, as here; this switch turns them on.
@@ -91,6 +95,10 @@ def session_releases() -> List[str]:
 
 def degrade_releases() -> List[str]:
     return named("LICH_LIVE_DEGRADE", DEGRADE_RELEASES)
+
+
+def install_releases() -> List[str]:
+    return named("LICH_LIVE_INSTALL", INSTALL_RELEASES)
 
 
 def release(version: str, pinned_binary: str) -> Release:

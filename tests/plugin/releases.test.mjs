@@ -153,6 +153,13 @@ test('without $.process.hookEnv (before 2.1.326), the daemon starts, named no pa
         'lich-control@lich-control': [{ scope: 'user', installPath: `${HOME}/.claude/plugins/cache/lich-control/lich-control/0.1.0` }],
       } }) },
     }, `${HOME}/.claude/plugins/data/lich-control-lich-control`],
+    ['installed from a marketplace added from a folder, which runs the plugin there', {
+      root: `${HOME}/src/lich-control`,
+      files: { [`${HOME}/.claude/plugins/installed_plugins.json`]: JSON.stringify({ version: 2, plugins: {
+        'lich@lich-plugin': [{ scope: 'user', installPath: `${HOME}/.claude/plugins/cache/lich-plugin/lich/0.20.0` }],
+        'lich-control@local': [{ scope: 'user', installPath: `${HOME}/.claude/plugins/cache/local/lich-control/0.1.0` }],
+      } }) },
+    }, `${HOME}/.claude/plugins/data/lich-control-local`],
     ['with the plugins folder moved (CLAUDE_CODE_PLUGIN_CACHE_DIR)', { env: { CLAUDE_CODE_PLUGIN_CACHE_DIR: '/srv/plugins' } },
       '/srv/plugins/data/lich-control-inline'],
   ]) {
