@@ -23,7 +23,8 @@ const bridge = new Bridge()
 /** @type {import('claude-code').Register} */
 export function register(on) {
   on('session.start', async ($, e, next) => {
-    const started = await next(e)
+    // Before next(e), and not awaited: the daemon's start, a Python
+    // interpreter's, overlaps the rest of the session's.
     if (!claimed) {
       claimed = true
       // Nothing that keeps the daemon from starting goes unsaid: a throw
@@ -32,7 +33,7 @@ export function register(on) {
         log($, `lich-control could not start its daemon, so lich cannot control this session: ${messageOf(err)}`),
       )
     }
-    return started
+    return next(e)
   })
 
   // Only the main loop's turn can be aborted with $.turn.abort.
@@ -56,23 +57,29 @@ export function register(on) {
 // environment is built, and the daemon starts when it is ready.
 async function supervise($, isInteractive) {
   try {
-    if (isInteractive && (await insideLich($)) && (await daemonRunsHere($)) && !(await lichPluginPolls($))) {
-      // A line an earlier load of this module pinned (before /reload-plugins)
-      // stays on screen until replaced: taken away first.
-      shown = true
-      show($, undefined)
-      const env = await hookEnv($)
-      const python = (await namedPython($)) ?? (await setUp($, env))
-      if (python !== null) {
-        // Every command the session runs after inherits it: bin/lich-mod-status
-        // on its PATH finds the daemon's interpreter there.
-        await $.env.set('LICH_CONTROL_PYTHON', python).catch(() => undefined)
-        // A setup's line goes once the daemon is up (its hello; it polls at
-        // once), or once it is known none will be.
-        if (shown) void bridge.daemon.promise.then(() => show($, undefined))
-        await bridge.serve(host($, python, env))
-      }
-    }
+    if (!isInteractive || !(await insideLich($))) return
+    // Asked all at once: each is a round trip to Claude Code's worker, and
+    // the daemon's start waits on the last of them.
+    const [runsHere, otherPolls, env, named] = await Promise.all([
+      daemonRunsHere($),
+      lichPluginPolls($),
+      hookEnv($),
+      namedPython($),
+    ])
+    if (!runsHere || otherPolls) return
+    // A line an earlier load of this module pinned (before /reload-plugins)
+    // stays on screen until replaced: taken away first.
+    shown = true
+    show($, undefined)
+    const python = named ?? (await setUp($, env))
+    if (python === null) return
+    // Every command the session runs after inherits it: bin/lich-mod-status
+    // on its PATH finds the daemon's interpreter there.
+    await $.env.set('LICH_CONTROL_PYTHON', python).catch(() => undefined)
+    // A setup's line goes once the daemon is up (its hello; it polls at
+    // once), or once it is known none will be.
+    if (shown) void bridge.daemon.promise.then(() => show($, undefined))
+    await bridge.serve(host($, python, env))
   } finally {
     bridge.close()
   }
@@ -108,13 +115,16 @@ async function hookEnv($) {
 
 // The folder Claude Code keeps for this plugin's data, as it names it:
 // data/<plugin id> in its plugins folder, every character of the id but
-// letters, digits, - and _ made -. The id is the install record's for this
-// plugin's folder, else <name>@inline, a folder loaded with --plugin-dir.
+// letters, digits, - and _ made -. The id is the install record's: the one
+// whose copy is this plugin's folder, else the only one of this name (a
+// marketplace added from a folder runs the plugin there, not from its
+// copy); with none, <name>@inline, a folder loaded with --plugin-dir.
 async function dataFolder($) {
   try {
     const plugins = await pluginsFolder($)
     const installs = await installPaths($)
-    const id = Object.keys(installs).find(key => installs[key].includes($.plugin.root)) ?? `${$.plugin.name}@inline`
+    const ids = Object.keys(installs).filter(key => key.startsWith(`${$.plugin.name}@`))
+    const id = ids.find(key => installs[key].includes($.plugin.root)) ?? (ids.length === 1 ? ids[0] : `${$.plugin.name}@inline`)
     return `${plugins}/data/${id.replace(/[^a-zA-Z0-9_-]/g, '-')}`
   } catch {
     return undefined
@@ -133,10 +143,12 @@ async function pluginsFolder($) {
 // A `claude -p` run from a tool inside a lich session inherits its variables:
 // isInteractive is what keeps it from taking the parent's commands.
 async function insideLich($) {
-  // Read one by one: $.env.get takes the name as a literal.
-  const port = await $.env.get('LICH_PORT').catch(() => undefined)
-  const token = await $.env.get('LICH_TOKEN').catch(() => undefined)
-  const session = await $.env.get('LICH_SESSION_ID').catch(() => undefined)
+  // One call a name: $.env.get takes the name as a literal.
+  const [port, token, session] = await Promise.all([
+    $.env.get('LICH_PORT').catch(() => undefined),
+    $.env.get('LICH_TOKEN').catch(() => undefined),
+    $.env.get('LICH_SESSION_ID').catch(() => undefined),
+  ])
   // The token is only looked at, never kept: the daemon reads it from the
   // environment it inherits from the host.
   return Boolean(port && token && session)
@@ -191,7 +203,11 @@ async function lichPluginPolls($) {
 // record in its plugins folder; {} when it cannot be read.
 async function installPaths($) {
   try {
-    const record = JSON.parse(await $.fs.read(`${await pluginsFolder($)}/installed_plugins.json`))
+    const path = `${await pluginsFolder($)}/installed_plugins.json`
+    // There is none before the first install, and a failed $.fs.read is an
+    // [ERROR] line in the debug log.
+    if (!(await $.fs.exists(path))) return {}
+    const record = JSON.parse(await $.fs.read(path))
     const paths = {}
     for (const [id, installs] of Object.entries(record?.plugins ?? {})) {
       const found = Array.isArray(installs) ? installs.map(install => install?.installPath).filter(path => typeof path === 'string') : []
@@ -228,8 +244,8 @@ async function registeredMod($, root) {
 // without a stored value as "not yet set" at install, default or not, and
 // this one needs none. Null when none names an interpreter.
 async function namedPython($) {
-  for (const source of ['policy', 'flag', 'user']) {
-    const settings = await $.settings.read({ source }).catch(() => undefined)
+  const sources = await Promise.all(['policy', 'flag', 'user'].map(source => $.settings.read({ source }).catch(() => undefined)))
+  for (const settings of sources) {
     for (const [key, config] of Object.entries(settings?.pluginConfigs ?? {})) {
       if (key !== $.plugin.name && !key.startsWith(`${$.plugin.name}@`)) continue
       const python = config?.options?.python

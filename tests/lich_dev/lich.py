@@ -372,7 +372,8 @@ class StubLich:
         return (
             f"session {session_id} cannot take commands: {why}. Check that lich-mod-daemon runs for it with "
             f"LICH_PORT={self.port}, LICH_SESSION_ID={session_id} and this stub's token; inside Claude Code, "
-            f"that needs 2.1.280 or later with mods on and the session's folder trusted"
+            f"that needs 2.1.280 or later with mods on (docs/install.md, \"Which Claude Code\") and the "
+            f"session's folder trusted"
         )
 
     def _info(self, session_id: str, mod: Mod, now: float) -> PollInfo:

@@ -73,13 +73,17 @@ class ClaudeSession(HostSession):
 class World(LiveWorld):
     """Claude Code's world. `settings` go to ~/.claude/settings.json
     (default: the plugin's `python` option naming the interpreter that has
-    the project installed; `{}` for none, as a marketplace install would start)."""
+    the project installed; `{}` for none, as a marketplace install would start);
+    `claude_env` changes every session's environment as `env` does (what a
+    release needs for its mod to run, releases.py)."""
 
     API = ModelAPI
 
-    def __init__(self, claude: str, settings: Optional[dict] = None):
+    def __init__(self, claude: str, settings: Optional[dict] = None,
+                 claude_env: Optional[Mapping[str, Optional[str]]] = None):
         self.claude = claude
         self.settings = settings
+        self.claude_env = dict(claude_env or {})
         super().__init__()
 
     def prepare(self) -> None:
@@ -96,7 +100,7 @@ class World(LiveWorld):
             # `false` an earlier run cached in ~/.claude.json is then not read
             # (measured on 2.1.332; the debug log names the flag only when off).
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        }, changes)
+        }, {**self.claude_env, **(changes or {})})
 
     def session_argv(self, argv: List[str]) -> List[str]:
         """How lich starts a session's program: as it is here; confined elsewhere (test_confined.py)."""

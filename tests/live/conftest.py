@@ -2,6 +2,7 @@ import pytest
 
 from claude_world import claude_binary
 from devlich import Unavailable
+from releases import degrade_releases, install_releases, release, session_releases
 
 
 @pytest.fixture(scope="session")
@@ -12,3 +13,28 @@ def claude():
         return claude_binary()
     except Unavailable as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+def installed(version, claude):
+    try:
+        return release(version, claude)
+    except Unavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session", params=session_releases())
+def session_release(request, claude):
+    """Each release the session test runs on (releases.py), in turn."""
+    return installed(request.param, claude)
+
+
+@pytest.fixture(scope="session", params=install_releases())
+def install_release(request, claude):
+    """Each release the install check runs on, in turn."""
+    return installed(request.param, claude)
+
+
+@pytest.fixture(scope="session", params=degrade_releases())
+def degrade_release(request, claude):
+    """Each release that must skip the mod cleanly, in turn."""
+    return installed(request.param, claude)

@@ -26,7 +26,7 @@ import sys
 import termios
 import threading
 import time
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Tuple, Union
 
 ROWS, COLUMNS = 50, 160
 # CSI and OSC sequences and lone escapes: enough to read a TUI's words.
@@ -111,15 +111,16 @@ class Terminal:
         with self._cond:
             return len("".join(self._chunks))
 
-    def wait_for_text(self, words: str, timeout: float, since: int = 0) -> None:
-        """Wait until `words` show in the output after `since`, escapes stripped
-        and runs of blanks (a TUI moves its cursor between words) squeezed."""
-        wanted = " ".join(words.split())
+    def wait_for_text(self, words: Union[str, Tuple[str, ...]], timeout: float, since: int = 0) -> None:
+        """Wait until `words` (or any of a tuple of them) show in the output
+        after `since`, escapes stripped and runs of blanks (a TUI moves its
+        cursor between words) squeezed."""
+        wanted = [" ".join(one.split()) for one in ((words,) if isinstance(words, str) else words)]
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 seen = " ".join(plain("".join(self._chunks)[since:]).split())
-                if wanted in seen or wanted.replace(" ", "") in seen.replace(" ", ""):
+                if any(one in seen or one.replace(" ", "") in seen.replace(" ", "") for one in wanted):
                     return
                 left = deadline - time.monotonic()
                 if left <= 0 or self._eof:

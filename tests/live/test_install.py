@@ -10,6 +10,8 @@ environment in the plugin's data folder and its daemon runs from it; lich
 drives the session, and `lich-mod-status` on the session's PATH works. The
 second session reuses the environment without building it. Last,
 `claude plugin update` picks up a new release of the marketplace's folder.
+It runs on each release releases.py lists for it: one before 2.1.326,
+where the relay names the plugin's data folder itself, and the pinned one.
 """
 import json
 import os
@@ -32,9 +34,9 @@ WAIT = 30.0
 
 
 @pytest.fixture(scope="module")
-def world(claude):
+def world(install_release):
     # settings={}: no python option, as a fresh install starts.
-    with World(claude, settings={}) as world:
+    with World(install_release.binary, settings={}, claude_env=install_release.env) as world:
         world.marketplace = world.ws.copy_checkout("marketplace")
         world.bare = bare_python(world.ws.path("python3-without-lich-control"))
         yield world

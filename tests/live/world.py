@@ -154,9 +154,14 @@ class HostSession(Closing):
     def slash(self, command: str, timeout: float = 10.0) -> None:
         """Type a slash command at the prompt and press Enter, as a person does:
         the Enter waits until the command shows, so the menu has caught up."""
+        self.enter(command, timeout)
+
+    def enter(self, line: str, timeout: float = 10.0) -> None:
+        """Type a line at the prompt (a prompt, a slash command) and press
+        Enter once it shows."""
         mark = self.terminal.mark()
-        self.terminal.type(command)
-        self.terminal.wait_for_text(command, timeout, since=mark)
+        self.terminal.type(line)
+        self.terminal.wait_for_text(line, timeout, since=mark)
         self.terminal.type("\r")
 
     def wait_exit(self, timeout: Optional[float] = None) -> int:

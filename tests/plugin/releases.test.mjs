@@ -30,6 +30,8 @@ class Session {
   statuses = []
   submitted = []
   posts = []
+  // Files read that are not there: in Claude Code each is an [ERROR] line of the debug log.
+  missingReads = []
   waiters = []
 
   // lacking: the `$` calls this release does not have, as 'noun.event';
@@ -56,6 +58,7 @@ class Session {
       fs: {
         read: async path => {
           if (path in session.files) return session.files[path]
+          session.missingReads.push(path)
           throw new Error(`ENOENT: ${path}`)
         },
         exists: async path => path in session.files,
@@ -159,6 +162,13 @@ test('without $.process.hookEnv (before 2.1.326), the daemon starts, named no pa
         'lich-control@lich-control': [{ scope: 'user', installPath: `${HOME}/.claude/plugins/cache/lich-control/lich-control/0.1.0` }],
       } }) },
     }, `${HOME}/.claude/plugins/data/lich-control-lich-control`],
+    ['installed from a marketplace added from a folder, which runs the plugin there', {
+      root: `${HOME}/src/lich-control`,
+      files: { [`${HOME}/.claude/plugins/installed_plugins.json`]: JSON.stringify({ version: 2, plugins: {
+        'lich@lich-plugin': [{ scope: 'user', installPath: `${HOME}/.claude/plugins/cache/lich-plugin/lich/0.20.0` }],
+        'lich-control@local': [{ scope: 'user', installPath: `${HOME}/.claude/plugins/cache/local/lich-control/0.1.0` }],
+      } }) },
+    }, `${HOME}/.claude/plugins/data/lich-control-local`],
     ['with the plugins folder moved (CLAUDE_CODE_PLUGIN_CACHE_DIR)', { env: { CLAUDE_CODE_PLUGIN_CACHE_DIR: '/srv/plugins' } },
       '/srv/plugins/data/lich-control-inline'],
   ]) {
@@ -169,6 +179,7 @@ test('without $.process.hookEnv (before 2.1.326), the daemon starts, named no pa
       // No LICH_CONTROL_PARENT_PID: the daemon takes the parent it finds.
       assert.deepEqual(session.daemons()[0].request.env, { CLAUDE_PLUGIN_DATA: data })
       assert.deepEqual(session.daemons()[0].request.argv, [ENV_PYTHON, '-m', 'lich_control.daemon'])
+      assert.deepEqual(session.missingReads, [])
     })
   }
 })

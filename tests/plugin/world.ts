@@ -143,12 +143,13 @@ export class World {
     })
     const merged = () => Object.assign({}, ...Object.values(this.settings))
     on('settings.read', ($, e) => ({ value: e.source ? (this.settings[e.source] ?? {}) : merged() }))
+    const record = (path: string) => this.installed !== undefined && path.endsWith('/plugins/installed_plugins.json')
     on('fs.read', ($, e) => {
-      if (this.installed !== undefined && e.path.endsWith('/plugins/installed_plugins.json')) return { value: this.installed }
+      if (record(e.path)) return { value: this.installed }
       if (e.path in this.files) return { value: this.files[e.path] }
       return { deny: `ENOENT: no such file, ${e.path}` }
     })
-    on('fs.exists', ($, e) => ({ value: e.path in this.files }))
+    on('fs.exists', ($, e) => ({ value: record(e.path) || e.path in this.files }))
     on('session.info', () => ({ value: { platform: this.platform as any, isHosted: false } }))
     const world = this
     on('process.spawn', async function* ($, e) {
