@@ -167,5 +167,6 @@ def _lock(fd: int) -> None:
 
 
 def _held(exc: OSError) -> bool:
-    # flock: EWOULDBLOCK; msvcrt: EACCES, or EDEADLOCK once its own retries are used up.
-    return isinstance(exc, BlockingIOError) or (WINDOWS and exc.errno in (errno.EACCES, errno.EDEADLOCK))
+    # flock: EWOULDBLOCK. msvcrt's only refusal of a byte on an open file is
+    # that another holds it, whatever errno it gives (Wine's is 0).
+    return WINDOWS or isinstance(exc, BlockingIOError)
