@@ -7,6 +7,7 @@ socket: only it touches the selector.
 """
 from __future__ import annotations
 
+import select
 import selectors
 import socket
 import threading
