@@ -148,9 +148,10 @@ def process_user(pid: Optional[int] = None) -> Optional[str]:
 # -- a pipe that never waits --------------------------------------------------------
 
 
-def nonblocking_pipe(fd: int) -> bool:
-    """Put the pipe behind `fd` in PIPE_NOWAIT mode: a write then takes what
-    fits and returns. False (left as it is) when `fd` is not a pipe."""
+def nonblocking_pipe(fd: int, wait: bool = False) -> bool:
+    """Put the pipe behind `fd` in PIPE_NOWAIT mode (PIPE_WAIT if `wait`): a
+    write then takes what fits and returns. False (left as it is) when `fd`
+    is not a pipe."""
     import msvcrt
     from ctypes import wintypes
 
@@ -161,5 +162,5 @@ def nonblocking_pipe(fd: int) -> bool:
         return False
     if kernel32.GetFileType(handle) != FILE_TYPE_PIPE:
         return False
-    mode = wintypes.DWORD(PIPE_NOWAIT)
+    mode = wintypes.DWORD(0 if wait else PIPE_NOWAIT)
     return bool(kernel32.SetNamedPipeHandleState(handle, ctypes.byref(mode), None, None))

@@ -30,6 +30,7 @@ class Relay:
     def __init__(self, env, args=(), stdin=subprocess.PIPE, module="lich_control.daemon", stderr=subprocess.PIPE, preexec_fn=None):
         # module: lich_dev.sim for the daemon on the simulated session; stderr:
         # a descriptor of the test's own, which then reads it itself
+        self.env = env
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *args],
             cwd=ROOT,
@@ -75,6 +76,10 @@ class Relay:
         line = self.next_line(timeout)
         assert line["op"] == "call", line
         return line
+
+    @property
+    def run_dir(self):
+        return os.path.dirname(self.hello["socket"]) if "socket" in self.hello else self.env["LICH_CONTROL_RUN_DIR"]
 
     @property
     def address(self):
@@ -180,6 +185,17 @@ def full_pipe():
     """A pipe whose buffer is full, for a stream nobody reads: the next
     blocking write to it would wait."""
     read_fd, write_fd = os.pipe()
+    if os.name == "nt":
+        from lich_control import windows
+
+        windows.nonblocking_pipe(write_fd)
+        try:
+            while os.write(write_fd, b"x" * 4096) == 4096:
+                pass
+        except OSError:
+            pass
+        windows.nonblocking_pipe(write_fd, wait=True)
+        return read_fd, write_fd
     os.set_blocking(write_fd, False)
     try:
         while True:
