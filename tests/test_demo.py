@@ -13,7 +13,7 @@ from lich_dev.procs import ROOT, daemon_env
 def test_the_demo_passes_shows_every_kind_and_leaves_nothing_behind():
     env = daemon_env(PYTHONIOENCODING="utf-8")  # its arrows, on Windows too
     # Its own session: the demo and its daemon share this process group.
-    proc = subprocess.Popen([sys.executable, "-m", "lich_dev.demo"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "lich_dev.demo"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8", start_new_session=True)
     group = proc.pid
     try:
         out, _ = proc.communicate(timeout=60)

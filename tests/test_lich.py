@@ -327,6 +327,7 @@ def test_where_the_owner_cannot_be_told_the_token_goes(server, monkeypatch):
     client.close()
 
 
+@POSIX_OWNER
 @pytest.mark.parametrize("host, family", [("127.0.0.1", socket.AF_INET), ("0.0.0.0", socket.AF_INET), ("::", socket.AF_INET6)])
 def test_the_owner_is_found_whichever_listener_takes_the_connection(host, family):
     if family == socket.AF_INET6 and not socket.has_dualstack_ipv6():
