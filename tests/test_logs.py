@@ -42,6 +42,16 @@ def test_the_token_is_redacted_in_each_form_a_url_gives_it(form):
     assert Redactor(SECRET).redact(f"GET /mod/acks?token={form} HTTP/1.1") == "GET /mod/acks?token=[token] HTTP/1.1"
 
 
+def test_the_bridges_secret_is_redacted_beside_the_token_in_the_log_file(tmp_path):
+    bridge = "Bq-5ecret_of-the-bridge"
+    path = tmp_path / "s1.log"
+    setup = Logs(SECRET, "INFO", str(path), bridge)
+    logging.getLogger("lich_control.test").warning("X-Lich-Control-Secret: %s, token=%s", bridge, quote(SECRET, safe=""))
+    setup.close()
+    written = path.read_text(encoding="utf-8")
+    assert "X-Lich-Control-Secret: [token], token=[token]" in written and bridge not in written
+
+
 @pytest.mark.parametrize(
     "char",
     ["\n", "\r", "\x1b", "\x00", "\x7f", "\x9b", "\udc80", "\u2028", "\u2029", "\u202e", "\u200b", "\ufeff", "\u2066", "\u00ad"],
