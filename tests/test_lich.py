@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import socket
+import sys
 import threading
 import tracemalloc
 from urllib.parse import quote, quote_plus
@@ -271,7 +272,8 @@ NOT_HTTP = {
     "bad-gzip": (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nabcd", "lich's answer could not be decoded"),
     "negative-chunk-size": (
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-ffffffffffffffffffff\r\n[]\r\n0\r\n\r\n",
-        "the exchange with lich failed (OverflowError)",
+        # Python 3.9's http.client reads it as the end of the body.
+        "the exchange with lich failed (OverflowError)" if sys.version_info >= (3, 10) else "lich's answer broke off",
     ),
 }
 
