@@ -60,7 +60,7 @@ class UnixListener:
     secret: Optional[str] = None
 
     def __init__(self, path: str):
-        self.path = path
+        self.path = self.server_address = path
 
     def bind(self, server: "BridgeServer") -> None:
         """What is at the path is removed only if it is a socket (an earlier
@@ -108,6 +108,7 @@ class LoopbackListener:
     It holds the bridge's secret, never lich's token."""
 
     family = socket.AF_INET
+    server_address = ("127.0.0.1", 0)
 
     def __init__(self, path: str):
         self.path = path
@@ -157,8 +158,7 @@ class BridgeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
     def __init__(self, listener, routes: Routes, idle_seconds: float = IDLE_SECONDS):
         self.address_family = listener.family
-        address = listener.path if listener.family != socket.AF_INET else ("127.0.0.1", 0)
-        super().__init__(address, _Handler, bind_and_activate=False)
+        super().__init__(listener.server_address, _Handler, bind_and_activate=False)
         self.listener = listener
         self.routes = routes
         self.idle_seconds = idle_seconds
@@ -191,7 +191,11 @@ class BridgeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         """The accepting thread: a blocking `handle_request` at a time, where
         `serve_forever` would wake twice a second; it ends once closed."""
         while not self._closing.is_set():
-            self.handle_request()
+            try:
+                self.handle_request()
+            except OSError:  # Windows: the socket closed under its select
+                if not self._closing.is_set():
+                    raise
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # What a connection's handler did not answer: the relay hung up, or
