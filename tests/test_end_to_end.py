@@ -180,8 +180,8 @@ def test_over_loopback_tcp_a_command_goes_round_and_a_request_without_the_secret
     r.result(call["id"], {"text": "run the tests"})
     assert lich.record.ack_for("m1") == {"session_id": "s1", "id": "m1", "kind": "prompt", "ok": True}
     assert statuscli.ask(os.path.join(run_dir, "s1.address")).status["daemon"]["session_id"] == "s1"  # lich-mod-status's way in
-    r.stop()
-    assert not os.path.exists(os.path.join(run_dir, "s1.address"))
+    r.stop()  # on Windows a kill, which leaves the file for the next daemon to replace
+    assert os.name == "nt" or not os.path.exists(os.path.join(run_dir, "s1.address"))
     with open(os.path.join(run_dir, "s1.log"), encoding="utf-8") as file:
         log = file.read()
     assert "refused POST /v1/result on the bridge: a wrong secret" in log and r.hello["secret"] not in log
