@@ -78,9 +78,6 @@ class UnixListener:
             os.umask(old)
         self._bound = os.lstat(self.path)
 
-    def hello(self) -> dict:
-        return {"socket": self.path}
-
     @property
     def address(self) -> "Address":
         return Address(socket=self.path)
@@ -125,9 +122,6 @@ class LoopbackListener:
         fd = open_file(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with open(fd, "w", encoding="ascii") as out:
             json.dump({"pid": os.getpid(), "port": self.port, "secret": self.secret}, out)
-
-    def hello(self) -> dict:
-        return {"port": self.port, "secret": self.secret}
 
     @property
     def address(self) -> "Address":
@@ -312,6 +306,10 @@ class Address:
     socket: Optional[str] = None
     port: Optional[int] = None
     secret: Optional[str] = attrs.field(default=None, repr=False)
+
+    def hello(self) -> dict:
+        """This address as the hello line gives it to the relay."""
+        return {"socket": self.socket} if self.socket is not None else {"port": self.port, "secret": self.secret}
 
     @classmethod
     def of(cls, doc: dict) -> "Address":
