@@ -201,8 +201,9 @@ class Bridge:
 
     # -- daemon -> relay -------------------------------------------------
 
-    def hello(self, socket_path: str) -> None:
-        self._write({"op": "hello", "protocol": PROTOCOL, "pid": os.getpid(), "socket": socket_path, "version": __version__})
+    def hello(self, address: dict) -> None:
+        """`address`: {"socket": path}, or on Windows {"port": n, "secret": s} (unix_socket's listeners)."""
+        self._write({"op": "hello", "protocol": PROTOCOL, "pid": os.getpid(), **address, "version": __version__})
 
     def call(self, method: str, args: dict, timeout: Optional[float]) -> "Future[CallResult]":
         call_id, future = self._calls.add(method, timeout)

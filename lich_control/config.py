@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping
+from typing import Mapping, Optional
 
 import attrs
 
 VARIABLES = ("LICH_PORT", "LICH_TOKEN", "LICH_SESSION_ID")
+# The one test for Windows' own paths (docs/architecture.md, "Windows"):
+# the bridge on loopback TCP, the run folder, the lock, the parent watch.
+WINDOWS = os.name == "nt"
+# On Windows the daemon's address is a file naming its port and secret
+# (unix_socket.LoopbackListener); elsewhere, the socket itself.
+ADDRESS = "address" if WINDOWS else "sock"
 # sockaddr_un.sun_path is 108 bytes on Linux, 104 on macOS; keep under both.
 MAX_SOCKET_PATH = 100
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -57,13 +63,13 @@ class Config:
             except UnicodeEncodeError:
                 raise BadConfig(problem) from None
         config = cls(port=parse_port(env["LICH_PORT"]), token=env["LICH_TOKEN"], session_id=env["LICH_SESSION_ID"], run_dir=folder)
-        socket_path = config.path("sock")
-        if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
+        socket_path = config.path(ADDRESS)
+        if not WINDOWS and len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
             raise BadConfig(f"the socket path {socket_path} is too long for a Unix socket; set LICH_CONTROL_RUN_DIR to a shorter folder")
         return config
 
     def path(self, suffix: str) -> str:
-        """This session's file in the run folder: socket, lock or log."""
+        """This session's file in the run folder: socket (or address), lock or log."""
         return session_path(self.run_dir, self.session_id, suffix)
 
 
@@ -83,6 +89,11 @@ def run_dir(env: Mapping[str, str]) -> str:
     # A relative XDG_RUNTIME_DIR is invalid, and to be ignored (the XDG Base
     # Directory spec); one that is gone (systemd-logind removes it at the
     # user's last logout, and only root can make it again) is passed over.
+    if WINDOWS:
+        # Per user already (the profile's ACL keeps it theirs); not %TEMP%,
+        # which Storage Sense and Disk Cleanup empty.
+        local = env.get("LOCALAPPDATA") or os.path.join(os.path.expanduser("~"), "AppData", "Local")
+        return os.path.join(local, "lich-control", "run")
     xdg = env.get("XDG_RUNTIME_DIR") or ""
     if os.path.isabs(xdg) and os.path.isdir(xdg):
         return os.path.join(xdg, "lich-control")
@@ -112,10 +123,11 @@ def lock_wait(env: Mapping[str, str], default: float = 5.0) -> float:
         return default
 
 
-def expected_parent(env: Mapping[str, str], started_by: int) -> int:
+def expected_parent(env: Mapping[str, str], started_by: Optional[int]) -> Optional[int]:
     """The pid the daemon's parent must have: LICH_CONTROL_PARENT_PID when
     the spawner names itself (then a parent that died before the daemon ran
-    a line is seen), else the parent found as the daemon began."""
+    a line is seen), else the parent found as the daemon began (None on
+    Windows, where it is not asked: no parent is then watched)."""
     raw = env.get("LICH_CONTROL_PARENT_PID")
     if not raw:
         return started_by

@@ -13,8 +13,9 @@ import os
 # Read before the imports below, which take most of the start: a parent that
 # dies while they run leaves us a reaper's pid, and this one to compare with.
 # A spawner that names itself (LICH_CONTROL_PARENT_PID) closes the window
-# before it too.
-STARTED_BY = os.getppid()
+# before it too. Never asked on Windows: the relay names itself there, and
+# under Wine os.getppid aborts the process (3.12 and later).
+STARTED_BY = None if os.name == "nt" else os.getppid()
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
@@ -22,6 +23,7 @@ import ctypes  # noqa: E402
 import logging  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
+import socket  # noqa: E402
 import stat  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -32,11 +34,11 @@ from . import __version__, run_folder  # noqa: E402
 from .acks import Acks  # noqa: E402
 from .activity import Activity  # noqa: E402
 from .bridge import Bridge, Turns  # noqa: E402
-from .config import BadConfig, Config, NotInLich, expected_parent, lock_wait  # noqa: E402
+from .config import ADDRESS, WINDOWS, BadConfig, Config, NotInLich, expected_parent, lock_wait  # noqa: E402
 from .lich import LichClient  # noqa: E402
 from .logs import Logs, Redactor, escape  # noqa: E402
 from .poller import Poller  # noqa: E402
-from .unix_socket import Routes, UnixHttpServer  # noqa: E402
+from .unix_socket import BridgeServer, Routes, listener_at  # noqa: E402
 from .worker import Asks, Worker  # noqa: E402
 
 log = logging.getLogger("lich_control.daemon")
@@ -51,13 +53,17 @@ STOP_GRACE = 1.0
 EXIT_DEADLINE = 1.8
 # Its own signal, not SIGTERM, so the handler can tell a parent's death from
 # the exit of the parent's thread that spawned us (which sends it as well).
-PARENT_DEATH_SIGNAL = signal.SIGUSR2
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Windows has none: its Lifeline waits on the parent's process handle.
+PARENT_DEATH_SIGNAL = getattr(signal, "SIGUSR2", None)
+# Those this system has (Windows: SIGBREAK is Ctrl-Break, and no SIGHUP).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGBREAK") if hasattr(signal, name))
 # A parent may pass these down blocked; blocked, none of them would ever end the daemon.
-OUR_SIGNALS = {*STOP_SIGNALS, signal.SIGALRM, PARENT_DEATH_SIGNAL}
+OUR_SIGNALS = {*STOP_SIGNALS, getattr(signal, "SIGALRM", None), PARENT_DEATH_SIGNAL} - {None}
 PR_SET_PDEATHSIG = 1
 PARENT_CHECK_SECONDS = 1.0
 IN_MOVED_FROM, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x40, 0x200, 0x400, 0x800  # <sys/inotify.h>
+# The exit code of a daemon the Windows deadline ended (POSIX: killed by SIGALRM).
+EXIT_DEADLINE_CODE = 3
 REFUSED = 2  # the relay does not restart a daemon that exits with it (bridge.md)
 # Another daemon still holds the session's lock: the relay starts this one
 # again after a pause, for as long as that lasts (EX_TEMPFAIL).
@@ -71,12 +77,14 @@ class Daemon:
         self.config = config
         self.engine = engine
         self._started = False
-        # The main thread sleeps in select() on this pipe, never on a lock: a
-        # signal that lands just before a lock wait begins runs its handler
-        # only once the wait ends, which is never. The interpreter writes
-        # each signal's number here (set_wakeup_fd), request_stop a byte.
-        self._wake_r, self.wake_fd = os.pipe()
-        os.set_blocking(self.wake_fd, False)
+        # The main thread sleeps in select() on this socket pair, never on a
+        # lock: a signal that lands just before a lock wait begins runs its
+        # handler only once the wait ends, which is never. The interpreter
+        # writes each signal's number here (set_wakeup_fd), request_stop a
+        # byte. Sockets, not a pipe: Windows selects and wakes on sockets only.
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self.wake_fd = self._wake_w.fileno()
         self.stop_reason: Optional[str] = None  # set once: a stop was asked for
         self.exit_code = 0
         self.acks = Acks(lambda: LichClient(config), activity)  # a client per sending thread
@@ -99,16 +107,16 @@ class Daemon:
         if self.stop_reason is None:
             self.stop_reason = reason
         try:
-            os.write(self.wake_fd, b"s")
+            self._wake_w.send(b"s")
         except BlockingIOError:
-            pass  # the pipe is full of wake-ups already
+            pass  # full of wake-ups already
 
     def wait(self) -> None:
         """The main thread's sleep until a stop is asked for; a signal's
         handler runs as select returns."""
         while self.stop_reason is None:
             select.select([self._wake_r], [], [])
-            os.read(self._wake_r, 512)
+            self._wake_r.recv(512)
 
     def shutdown(self, grace: float = STOP_GRACE) -> None:
         """Stop polling first (a parked poll is cut, never left to take
@@ -144,7 +152,8 @@ class Daemon:
 def main(argv=None, simulated=None) -> int:
     """`simulated`, given by a tool: a factory `(turns) -> engine` that
     stands in for the relay (no hello, nothing on stdout)."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, OUR_SIGNALS)  # before any thread, which inherits the mask
+    if hasattr(signal, "pthread_sigmask"):  # no signal masks on Windows
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, OUR_SIGNALS)  # before any thread, which inherits the mask
     parser = argparse.ArgumentParser(prog="lich-mod-daemon", description="The lich mod-control client for one session.")
     # Only recorded, for the status document: the bridge is the same in both.
     parser.add_argument("--host", choices=("claude-code", "opencode"), default="claude-code", help="the program the relay runs in (default: claude-code)")
@@ -160,16 +169,17 @@ def main(argv=None, simulated=None) -> int:
     return run(config, parent, None if simulated else args.host, simulated)
 
 
-def run(config: Config, parent: int, host: Optional[str] = None, simulated=None) -> int:
+def run(config: Config, parent: Optional[int], host: Optional[str] = None, simulated=None) -> int:
     """The daemon's one way through: what it opens is closed by the
     ExitStack in the reverse order, however it ends; every refusal is one
     line and exit 2."""
     turns = Turns()
-    socket_path = config.path("sock")
+    socket_path = config.path(ADDRESS)
+    listener = listener_at(socket_path)
     activity = Activity(
         config.session_id, "sim" if simulated else "relay", turns,
         files={"socket": socket_path, "log_file": config.path("log")}, host=host,
-        redactor=Redactor(config.token), stderr_dropped=lambda: logs.stderr.dropped,
+        redactor=Redactor(config.token, listener.secret), stderr_dropped=lambda: logs.stderr.dropped,
     )
 
     if simulated:
@@ -184,23 +194,23 @@ def run(config: Config, parent: int, host: Optional[str] = None, simulated=None)
     with contextlib.ExitStack() as held:
         try:
             run_folder.ensure(config.run_dir)
-            logs = Logs(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
+            logs = Logs(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"), listener.secret)
             held.callback(logs.close)
             held.enter_context(run_folder.session_lock(config.path("lock"), config.session_id, lock_wait(os.environ)))
             # Once the lock is ours (a daemon waiting for it still dies of
             # a SIGTERM at once), before the socket: from here a signal only
             # records a stop, and the way out below takes it.
             catch_signals(daemon, parent)
-            server = held.enter_context(UnixHttpServer(socket_path, routes))
+            server = held.enter_context(BridgeServer(listener, routes))
         except BadConfig as exc:
             return _refused(exc)
         except run_folder.LockHeld as exc:
             return _refused(exc, LOCK_HELD)
         held.callback(lambda: log.info("stopped: %s", daemon.stop_reason))
 
-        watch = Lifeline(parent, daemon.request_stop, set_parent_death_signal(PARENT_DEATH_SIGNAL), server, on_lost=daemon.crashed)
+        watch = lifeline(parent, daemon.request_stop, server, on_lost=daemon.crashed)
         if not simulated:
-            engine.hello(socket_path)
+            engine.hello(listener.hello())
         watch.start()
         daemon.start()
         daemon.wait()
@@ -216,6 +226,8 @@ def catch_signals(daemon: Daemon, parent: int) -> None:
     signal.set_wakeup_fd(daemon.wake_fd, warn_on_full_buffer=False)
     for sig in STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: daemon.request_stop(f"got {signal.Signals(signum).name}"))
+    if PARENT_DEATH_SIGNAL is None:
+        return
 
     def parent_died(signum, frame) -> None:
         # Linux sends this when the *thread* that started us exits, too: only
@@ -231,7 +243,14 @@ def arm_exit_deadline(seconds: float) -> None:
 
     SIGALRM at its default action is carried out by the kernel: no Python
     code, no lock, no interpreter needed. Set to the default here, since a
-    parent may have passed it down ignored."""
+    parent may have passed it down ignored. Windows has no SIGALRM: there a
+    timer thread calls os._exit, which needs the interpreter lock for a
+    moment; C code holding it past the deadline holds the exit too."""
+    if not hasattr(signal, "setitimer"):
+        timer = threading.Timer(seconds, os._exit, (EXIT_DEADLINE_CODE,))
+        timer.daemon = True
+        timer.start()
+        return
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_REAL, seconds)
 
@@ -250,6 +269,41 @@ def _no_relay(doc) -> None:
 
 
 # -- the parent ---------------------------------------------------------------
+
+
+def lifeline(parent: Optional[int], on_gone: Callable[[str], None], server: BridgeServer, on_lost: Callable[[str], None]):
+    """The platform's watch on the parent and the daemon's address."""
+    if WINDOWS:
+        return WindowsLifeline(parent, on_gone, server, on_lost)
+    return Lifeline(parent, on_gone, set_parent_death_signal(PARENT_DEATH_SIGNAL), server, on_lost)
+
+
+class WindowsLifeline:
+    """Calls `on_gone` once when the parent (the pid the relay named) ends,
+    seen by waiting on its process handle, or `on_lost` once the address
+    file is removed, looked for once a second. Windows only: no
+    parent-death signal, no inotify, and a spawn's stdin is closed from the
+    start, so it tells nothing. Without a named parent only the file is watched."""
+
+    def __init__(self, parent_pid: Optional[int], on_gone: Callable[[str], None], server: BridgeServer, on_lost: Callable[[str], None]):
+        from . import windows
+
+        self._parent = windows.Process(parent_pid) if parent_pid is not None else None
+        self._on_gone, self._on_lost = on_gone, on_lost
+        self._server = server
+        self._thread = threading.Thread(target=self._run, name="lich-lifeline", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            if self._parent is not None and self._parent.ended(PARENT_CHECK_SECONDS):
+                return self._on_gone("the process that started the daemon is gone")
+            if self._parent is None:
+                time.sleep(PARENT_CHECK_SECONDS)  # the file alone: nothing to wait on
+            if self._server.removed():
+                return self._on_lost("its socket was removed (the run folder deleted under it?); starting again on a new one")
 
 
 def set_parent_death_signal(sig: int) -> bool:
@@ -277,11 +331,11 @@ class Lifeline:
     folder; the parent's death is Linux's parent-death signal's. Only where
     either is missing does it also wake once a second, to look."""
 
-    def __init__(self, parent_pid: int, on_gone: Callable[[str], None], has_death_signal: bool, server: UnixHttpServer, on_lost: Callable[[str], None]):
+    def __init__(self, parent_pid: int, on_gone: Callable[[str], None], has_death_signal: bool, server: BridgeServer, on_lost: Callable[[str], None]):
         self._parent_pid = parent_pid
         self._on_gone, self._on_lost = on_gone, on_lost
         self._server = server
-        self._watch = watch_folder(os.path.dirname(server.path))
+        self._watch = watch_folder(os.path.dirname(server.listener.path))
         self._timeout_ms = None if has_death_signal and self._watch is not None else int(PARENT_CHECK_SECONDS * 1000)
         self._thread = threading.Thread(target=self._run, name="lich-lifeline", daemon=True)
 

@@ -19,7 +19,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple, Union
 from urllib.parse import quote
 
 import attrs
@@ -30,7 +30,7 @@ from urllib3.connection import HTTPConnection
 from urllib3.connectionpool import HTTPConnectionPool
 
 from . import CONTRACT_RELEASE, __version__
-from .config import Config
+from .config import WINDOWS, Config
 
 log = logging.getLogger("lich_control.lich")
 
@@ -83,13 +83,13 @@ class ForeignListener(Exception):
 
 
 class LichClient:
-    def __init__(self, config: Config, timeouts: ExchangeTimeouts = ExchangeTimeouts(), uid: Optional[int] = None):
-        """`uid` is the user lich must run as: ours unless a test says otherwise."""
+    def __init__(self, config: Config, timeouts: ExchangeTimeouts = ExchangeTimeouts(), uid: Union[int, str, None] = None):
+        """`uid` is the user lich must run as (a uid; on Windows a SID): ours unless a test says otherwise."""
         self._port = config.port
         self._timeouts = timeouts
         token, sid = quote(config.token, safe=""), quote(config.session_id, safe="")
         base = config.lich_url
-        self._adapter = LoopbackAdapter(os.getuid() if uid is None else uid)
+        self._adapter = LoopbackAdapter(our_user() if uid is None else uid)
         # Prepared once: every poll is the same request, and every ack differs only in its body.
         self._poll = requests.Request("GET", f"{base}/mod/commands?token={token}&session_id={sid}", HEADERS).prepare()
         ack_headers = dict(HEADERS, **{"Content-Type": "application/json"})
@@ -227,7 +227,7 @@ class LoopbackAdapter(HTTPAdapter):
     client, None between exchanges; the socket list is shared with
     `abandon`'s thread, under the lock."""
 
-    def __init__(self, uid: int):
+    def __init__(self, uid: Union[int, str, None]):
         self.uid = uid
         self.deadline: Optional[float] = None
         self._lock = threading.Lock()
@@ -266,10 +266,10 @@ class _Connection(HTTPConnection):
     def connect(self) -> None:
         super().connect()
         # Before the request, and so the token, is written to it.
-        owner = listener_uid(self.sock)
+        owner = listener_owner(self.sock)
         if owner is not None and owner != self._adapter.uid:
             self.sock.close()
-            raise ForeignListener(f"the program listening on port {self.port} belongs to another user (uid {owner}); the token is not sent")
+            raise ForeignListener(f"the program listening on port {self.port} belongs to another user ({'SID' if WINDOWS else 'uid'} {owner}); the token is not sent")
         self.sock = _DeadlineSocket.taking_over(self.sock, self._adapter)
         self._adapter.opened(self.sock)
 
@@ -325,6 +325,27 @@ class _DeadlineSocket(socket.socket):
         if left <= 0:
             raise socket.timeout("the exchange's deadline passed")
         super().settimeout(left if self._timeout is None or left < self._timeout else self._timeout)
+
+
+def our_user() -> Union[int, str, None]:
+    """Who lich must run as: our uid, or on Windows our SID (None if Windows will not say)."""
+    if WINDOWS:
+        from . import windows
+
+        return windows.process_user()
+    return os.getuid()
+
+
+def listener_owner(sock: socket.socket) -> Union[int, str, None]:
+    """The user owning the far end of `sock` (`our_user`'s kind), or None
+    where it cannot be told. On Windows the TCP table's owning pid, then its
+    token's user (windows.listener_owner); Wine leaves every pid 0, so there
+    it is never told."""
+    if WINDOWS:
+        from . import windows
+
+        return windows.listener_owner(sock)
+    return listener_uid(sock)
 
 
 def listener_uid(sock: socket.socket) -> Optional[int]:

@@ -22,6 +22,7 @@ import threading
 from typing import List, Optional, Tuple
 from urllib.parse import quote, unquote, unquote_plus
 
+from .config import WINDOWS
 from .run_folder import open_file
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -33,19 +34,26 @@ MAX_MESSAGE = 4096
 MAX_TRACEBACK = 64 * 1024  # its frames come first; only an exception's text runs long
 CUT = "…"
 REDACTED = "[token]"
+# What a pipe takes whole or not at all (POSIX); Windows has no such size,
+# and its non-waiting pipe takes what fits: a line cut there counts as dropped.
+ONE_WRITE = getattr(select, "PIPE_BUF", 512)
 
 
 # -- safe text ---------------------------------------------------------------
 
 
 class Redactor:
-    """Takes the token out of a text, in each form a URL gives it: as it is,
-    quoted as the daemon quotes it (nothing safe), and as most clients would
-    (`/` left)."""
+    """Takes the token (and the bridge's secret, where there is one) out of a
+    text, in each form a URL gives it: as it is, quoted as the daemon quotes
+    it (nothing safe), and as most clients would (`/` left)."""
 
-    def __init__(self, token: str):
-        raw = token.encode("utf-8", "surrogatepass")
-        self._forms: Tuple[str, ...] = tuple(dict.fromkeys((token, quote(raw, safe=""), quote(raw)))) if token else ()
+    def __init__(self, token: str, *more: Optional[str]):
+        self._raw = tuple(secret for secret in (token, *more) if secret)
+        forms = []
+        for secret in self._raw:
+            raw = secret.encode("utf-8", "surrogatepass")
+            forms += (secret, quote(raw, safe=""), quote(raw))
+        self._forms: Tuple[str, ...] = tuple(dict.fromkeys(forms))
 
     def redact(self, text: str) -> str:
         for form in self._forms:
@@ -56,8 +64,9 @@ class Redactor:
             # in the text as decoded, which is then what is shown.
             for decode in (unquote, unquote_plus):
                 decoded = decode(text)
-                if self._forms[0] in decoded:
-                    text = decoded.replace(self._forms[0], REDACTED)
+                for secret in self._raw:
+                    if secret in decoded:
+                        text = decoded = decoded.replace(secret, REDACTED)
         return text
 
     def clean(self, text: str, limit: int) -> str:
@@ -97,9 +106,9 @@ class SafeRecords(logging.Filter):
     appears, its arguments included; the message escaped and cut to
     `MAX_MESSAGE`. A traceback keeps its own lines, each made safe alike."""
 
-    def __init__(self, token: str):
+    def __init__(self, redactor: Redactor):
         super().__init__()
-        self._redactor = Redactor(token)
+        self._redactor = redactor
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.msg, record.args = self._redactor.clean(record.getMessage(), MAX_MESSAGE), None
@@ -152,7 +161,14 @@ def nonblocking(fd: int) -> None:
     description, which a stdout given `2>&1`, a terminal, or a parent's own
     stderr may share with it. On Linux fd is given a description of its own
     (reopened through /proc); elsewhere it is flipped only if stdin and
-    stdout are other files, and left blocking otherwise."""
+    stdout are other files, and left blocking otherwise. On Windows a pipe
+    is put in PIPE_NOWAIT mode, which belongs to that pipe alone (a spawn
+    gives stdout and stderr a pipe each); anything else is left as it is."""
+    if WINDOWS:
+        from . import windows
+
+        windows.nonblocking_pipe(fd)
+        return
     mode = os.fstat(fd).st_mode
     if stat.S_ISREG(mode):
         return  # a file takes every write at once
@@ -178,10 +194,10 @@ def _same_file(fd: int, other: int) -> bool:
 def one_write(text: str) -> bytes:
     """The line as UTF-8, cut to fit one write that a pipe takes whole."""
     data = text.encode("utf-8", "backslashreplace") + b"\n"
-    if len(data) <= select.PIPE_BUF:
+    if len(data) <= ONE_WRITE:
         return data
     end = b"...\n"
-    return data[: select.PIPE_BUF - len(end)].decode("utf-8", "ignore").encode("utf-8") + end
+    return data[: ONE_WRITE - len(end)].decode("utf-8", "ignore").encode("utf-8") + end
 
 
 # -- the log file ------------------------------------------------------------
@@ -246,7 +262,7 @@ class Logs:
     `close`, which flushes and stops it. Records are written in the thread
     that logs them: no listener thread (docs/performance.md)."""
 
-    def __init__(self, token: str, level: Optional[str], log_path: str):
+    def __init__(self, token: str, level: Optional[str], log_path: str, bridge_secret: Optional[str] = None):
         chosen = (level or "INFO").upper()
         if chosen not in LEVELS:
             print(f"lich-control: LICH_CONTROL_LOG_LEVEL must be one of {', '.join(LEVELS)}; using INFO", file=sys.stderr)
@@ -265,7 +281,7 @@ class Logs:
         self._root.setLevel(chosen)
         self._wire.setLevel(logging.WARNING)
         self._root.propagate = self._wire.propagate = False
-        safe = SafeRecords(token)  # on each handler, before it formats the record
+        safe = SafeRecords(Redactor(token, bridge_secret))  # on each handler, before it formats the record
         for handler in self._handlers:
             handler.addFilter(safe)
             self._root.addHandler(handler)

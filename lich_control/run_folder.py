@@ -5,20 +5,30 @@ only our own uid can put anything among our files. What is left to check is
 that a name holds what the daemon expects: a plain file of ours, never a
 link followed to somewhere else (`open_file`), and a socket before one is
 replaced (`check_socket`).
+
+On Windows the folder is in the user's profile, whose ACL keeps it theirs;
+`os.stat` gives no owner or mode there (st_uid 0, mode 0777 for all), so
+`check` and `open_file` skip those two checks, and the lock is msvcrt's.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import stat
 import time
 from typing import Iterator
 
-from .config import BadConfig
+from .config import WINDOWS, BadConfig
+
+if WINDOWS:
+    import msvcrt
+else:
+    import fcntl
 
 PRIVATE = 0o600
+# Never follow a link; never pass a descriptor to a child (Windows: none is inherited unless asked).
+NO_FOLLOW = 0 if WINDOWS else os.O_NOFOLLOW | os.O_CLOEXEC
 LOCK_RETRY_SECONDS = 0.05
 
 
@@ -45,7 +55,14 @@ def ensure(path: str) -> None:
 def check(path: str, created: bool = False) -> None:
     """BadConfig unless the run folder is a real folder (not a link), ours,
     and writable by no one else; one just `created` is made 0700. The status
-    tool reads no folder the daemon would refuse."""
+    tool reads no folder the daemon would refuse. On Windows only the first
+    two: the profile's ACL is the rest."""
+    if WINDOWS:
+        if os.path.islink(path):
+            raise BadConfig(f"the run folder {path} is a symbolic link; set LICH_CONTROL_RUN_DIR to a private folder")
+        if not os.path.isdir(path):
+            raise BadConfig(f"the run folder {path} is not a folder")
+        return
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -72,17 +89,19 @@ def check(path: str, created: bool = False) -> None:
 def open_file(path: str, flags: int) -> int:
     """A descriptor on the plain file of ours at `path`, created 0600 if
     `flags` say so, and made 0600 through the descriptor if an older daemon
-    left it otherwise."""
+    left it otherwise (owner and mode: not on Windows, see above)."""
+    if WINDOWS and os.path.islink(path):
+        raise NotOurs(_refusal(path, "is a symbolic link"))
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE)
+        fd = os.open(path, flags | NO_FOLLOW, PRIVATE)
     except OSError as exc:
         problem = "is a symbolic link" if os.path.islink(path) else f"cannot be opened ({exc.strerror})"
         raise NotOurs(_refusal(path, problem)) from exc
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+    if not stat.S_ISREG(info.st_mode) or (not WINDOWS and info.st_uid != os.geteuid()):
         os.close(fd)
         raise NotOurs(_refusal(path, "is not a plain file of ours"))
-    if stat.S_IMODE(info.st_mode) != PRIVATE:
+    if not WINDOWS and stat.S_IMODE(info.st_mode) != PRIVATE:
         os.fchmod(fd, PRIVATE)
     return fd
 
@@ -122,9 +141,11 @@ def session_lock(path: str, session_id: str, wait: float) -> Iterator[None]:
         deadline = time.monotonic() + wait
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _lock(fd)
                 break
-            except BlockingIOError:
+            except OSError as exc:
+                if not _held(exc):
+                    raise BadConfig(f"cannot lock {path}: {exc.strerror}") from exc
                 if time.monotonic() >= deadline:
                     raise LockHeld(f"another daemon is still polling for session {session_id}; exiting, to be started again once it is gone") from None
                 time.sleep(LOCK_RETRY_SECONDS)
@@ -133,3 +154,19 @@ def session_lock(path: str, session_id: str, wait: float) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _lock(fd: int) -> None:
+    """Lock `fd` for this process, or raise at once. msvcrt's locks the first
+    byte (past the end is allowed); Windows too releases it however we end."""
+    if WINDOWS:
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _held(exc: OSError) -> bool:
+    # flock: EWOULDBLOCK. msvcrt's only refusal of a byte on an open file is
+    # that another holds it, whatever errno it gives (Wine's is 0).
+    return WINDOWS or isinstance(exc, BlockingIOError)

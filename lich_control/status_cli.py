@@ -4,6 +4,7 @@
     lich-mod-status SESSION [--json]    everything one daemon tells
 
 Daemons are found as sockets in the run folder (`config.run_dir`'s rules),
+or on Windows as the address files naming each one's port and secret,
 which must pass the daemon's own test (`run_folder.check`); a socket
 nothing answers on within 2 s, the whole exchange, is reported as stale.
 On a terminal the overview is cut to its width. Exit 0 when it could say
@@ -12,7 +13,7 @@ no daemon that answers, the run folder is refused, or the plugin's setup
 failed. Run from the plugin's folder (bin/lich-mod-status), it also says
 when the plugin's setup is building the daemon's Python, or failed to, with
 the command that tries again. The socket is reached with
-`unix_socket.UnixConnection`, the one client of a daemon's socket.
+`unix_socket.DaemonConnection`, the one client of a daemon's socket.
 
 A document is printed as the daemon gave it: the daemon made every string
 in it safe as it entered (escaped, cut, the token taken out). One this
@@ -36,8 +37,8 @@ from typing import Callable, List, Optional
 import attrs
 
 from . import __version__, run_folder
-from .config import BadConfig, run_dir, session_path
-from .unix_socket import UnixConnection
+from .config import ADDRESS, BadConfig, run_dir, session_path
+from .unix_socket import DaemonConnection, read_address
 
 TIMEOUT = 2.0
 
@@ -53,14 +54,20 @@ class Found:
     @property
     def session(self) -> str:
         named = self.status["daemon"].get("session_id") if self.status is not None else None
-        return named if isinstance(named, str) else os.path.basename(self.socket)[: -len(".sock")]
+        return named if isinstance(named, str) else os.path.splitext(os.path.basename(self.socket))[0]
 
     def to_json(self) -> dict:
         return {"socket": self.socket, "session_id": self.session, "status": self.status, "stale": self.stale}
 
 
 def ask(path: str, timeout: float = TIMEOUT) -> Found:
-    conn = UnixConnection(path, timeout)
+    try:
+        address = read_address(path)
+    except FileNotFoundError:
+        return Found(path, stale="stale socket: nothing answers")
+    except (OSError, ValueError, LookupError, TypeError) as exc:
+        return Found(path, stale=f"its address file cannot be read ({type(exc).__name__})")
+    conn = DaemonConnection(address, timeout)
     try:
         status, body = conn.exchange("GET", "/v1/status")
     except (ConnectionRefusedError, FileNotFoundError):
@@ -91,7 +98,7 @@ def sockets(folder: str) -> List[str]:
     for name in names:
         path = os.path.join(folder, name)
         try:
-            if name.endswith(".sock") and stat.S_ISSOCK(os.lstat(path).st_mode):
+            if name.endswith(f".{ADDRESS}") and (ADDRESS != "sock" or stat.S_ISSOCK(os.lstat(path).st_mode)):
                 found.append(path)
         except OSError:
             continue  # removed while we looked
@@ -287,7 +294,7 @@ def main(argv=None, setups: Callable[[], List[dict]] = lambda: []) -> int:
         return _said(str(exc))
 
     if args.session is not None:
-        path = session_path(folder, args.session, "sock")
+        path = session_path(folder, args.session, ADDRESS)
         if not os.path.exists(path):
             if args.json:
                 print(json.dumps({"session_id": args.session, "socket": path, "status": None, "stale": "no socket"}))

@@ -1,8 +1,10 @@
-"""The daemon's Unix socket: HTTP/1.1 for the relay's results and events, and
-status, on `socketserver` and `http.server`; and `UnixConnection`, the
-`http.client` connection every tool and test reaches a daemon's socket with.
+"""The daemon's socket: HTTP/1.1 for the relay's results and events, and
+status, on `socketserver` and `http.server`; and `DaemonConnection`, the
+`http.client` connection every tool and test reaches a daemon with.
 
-The socket is 0600 and the relay sends at most eight requests at once, so
+The one server listens on a Unix socket, 0600, or where there are none
+(Windows) on loopback TCP behind a per-daemon secret: `listener_at` chooses.
+The relay sends at most eight requests at once, so
 only a request's own cost is bounded: a body over `MAX_BODY` is refused
 unread, one of more than `json_reader.MAX_VALUES` values before anything is
 built, and a connection idle `idle_seconds` ends, with its thread.
@@ -13,7 +15,9 @@ import contextlib
 import http.client
 import json
 import logging
+import hmac
 import os
+import secrets
 import socket
 import socketserver
 import sys
@@ -22,9 +26,12 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional, Tuple
 
+import attrs
+
 from .bridge import BadMessage
 from .json_reader import TooMany, loads
-from .run_folder import check_socket
+from .config import WINDOWS
+from .run_folder import check_socket, open_file
 
 log = logging.getLogger("lich_control.socket")
 
@@ -35,6 +42,7 @@ IDLE_SECONDS = 60.0
 # A request line and a header line are bounded by http.server (64 KiB) and
 # the number of header lines by http.client (100): both answer 414 or 431.
 ROUTES = ("/v1/result", "/v1/event", "/v1/status")
+SECRET_HEADER = "X-Lich-Control-Secret"
 
 
 class Routes:
@@ -44,27 +52,20 @@ class Routes:
         self.result, self.event, self.status = result, event, status
 
 
-class UnixHttpServer(socketserver.ThreadingUnixStreamServer):
-    """The socket: `listen` (or `with`) binds it and starts accepting on a
-    thread of its own, each connection served by a thread of its own;
-    `close` ends both."""
+class UnixListener:
+    """The bridge on a Unix socket at `path`, 0600: the socket's mode is the
+    guard, and the hello names the path."""
 
-    daemon_threads = True  # a connection's thread never holds the exit
-    block_on_close = False
-    request_queue_size = BACKLOG
+    family = getattr(socket, "AF_UNIX", None)
+    secret: Optional[str] = None
 
-    def __init__(self, path: str, routes: Routes, idle_seconds: float = IDLE_SECONDS):
-        super().__init__(path, _Handler, bind_and_activate=False)
+    def __init__(self, path: str):
         self.path = path
-        self.routes = routes
-        self.idle_seconds = idle_seconds
-        self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._accept, name="lich-socket", daemon=True)
 
-    def listen(self) -> None:
-        """Bind 0600 and start accepting. What is at the path is removed only
-        if it is a socket (an earlier daemon's, stale: the session lock is
-        ours); anything else raises run_folder.NotOurs."""
+    def bind(self, server: "BridgeServer") -> None:
+        """What is at the path is removed only if it is a socket (an earlier
+        daemon's, stale: the session lock is ours); anything else raises
+        run_folder.NotOurs."""
         check_socket(self.path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
@@ -72,12 +73,17 @@ class UnixHttpServer(socketserver.ThreadingUnixStreamServer):
         # no chmod by path follows.
         old = os.umask(0o177)
         try:
-            self.server_bind()
+            server.server_bind()
         finally:
             os.umask(old)
         self._bound = os.lstat(self.path)
-        self.server_activate()
-        self._thread.start()
+
+    def hello(self) -> dict:
+        return {"socket": self.path}
+
+    @property
+    def address(self) -> "Address":
+        return Address(socket=self.path)
 
     def removed(self) -> bool:
         """True once the socket's file is gone from its path, or another is
@@ -89,14 +95,90 @@ class UnixHttpServer(socketserver.ThreadingUnixStreamServer):
         return (now.st_dev, now.st_ino) != (self._bound.st_dev, self._bound.st_ino)
 
     def close(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+class LoopbackListener:
+    """The bridge on 127.0.0.1 at a port of the system's choosing, where
+    there are no Unix sockets (Windows): every request must carry the
+    per-daemon `secret` in SECRET_HEADER. The hello gives port and secret to
+    the relay; the address file at `path` (in the private run folder,
+    created exclusively, removed at the exit) gives them to lich-mod-status.
+    It holds the bridge's secret, never lich's token."""
+
+    family = socket.AF_INET
+
+    def __init__(self, path: str):
+        self.path = path
+        self.secret = secrets.token_urlsafe(32)
+        self.port = 0
+
+    def bind(self, server: "BridgeServer") -> None:
+        server.server_bind()
+        self.port = server.server_address[1]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)  # an earlier daemon's, stale: the session lock is ours
+        fd = open_file(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with open(fd, "w", encoding="ascii") as out:
+            json.dump({"pid": os.getpid(), "port": self.port, "secret": self.secret}, out)
+
+    def hello(self) -> dict:
+        return {"port": self.port, "secret": self.secret}
+
+    @property
+    def address(self) -> "Address":
+        return Address(port=self.port, secret=self.secret)
+
+    def removed(self) -> bool:
+        return not os.path.exists(self.path)
+
+    def close(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def listener_at(path: str):
+    """The platform's bridge listener for a daemon whose address is `path`."""
+    return LoopbackListener(path) if WINDOWS else UnixListener(path)
+
+
+class BridgeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    """The bridge's HTTP server on `listener` (the only difference between
+    the platforms): `listen` (or `with`) binds it and starts accepting on a
+    thread of its own, each connection served by a thread of its own;
+    `close` ends both."""
+
+    daemon_threads = True  # a connection's thread never holds the exit
+    block_on_close = False
+    request_queue_size = BACKLOG
+
+    def __init__(self, listener, routes: Routes, idle_seconds: float = IDLE_SECONDS):
+        self.address_family = listener.family
+        address = listener.path if listener.family != socket.AF_INET else ("127.0.0.1", 0)
+        super().__init__(address, _Handler, bind_and_activate=False)
+        self.listener = listener
+        self.routes = routes
+        self.idle_seconds = idle_seconds
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="lich-socket", daemon=True)
+
+    def listen(self) -> None:
+        self.listener.bind(self)
+        self.server_activate()
+        self._thread.start()
+
+    def removed(self) -> bool:
+        return self.listener.removed()
+
+    def close(self) -> None:
         self._closing.set()
         with contextlib.suppress(OSError):
             self.socket.shutdown(socket.SHUT_RDWR)  # wakes the accept
         self.server_close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        self.listener.close()
 
-    def __enter__(self) -> "UnixHttpServer":
+    def __enter__(self) -> "BridgeServer":
         self.listen()
         return self
 
@@ -129,6 +211,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         self.timeout = self.server.idle_seconds  # each read's: an idle connection ends
+        # Over TCP: without it an answer waits for the client's delayed ACK, 40 ms a round trip.
+        self.disable_nagle_algorithm = self.server.address_family == socket.AF_INET
         super().setup()
 
     def __getattr__(self, name: str):
@@ -154,6 +238,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(status, body)
 
     def _answer(self, route: str) -> Tuple[int, bytes]:
+        secret = self.server.listener.secret
+        if secret is not None and not hmac.compare_digest(self.headers.get(SECRET_HEADER, "").encode(), secret.encode()):
+            log.warning("refused %s %s on the bridge: %s", self.command, route, "a wrong secret" if SECRET_HEADER in self.headers else "no secret")
+            self.close_connection = True  # a body it may carry is left unread
+            return 403, b"the bridge's secret is missing or wrong\n"
         routes = self.server.routes
         sink = {"/v1/result": routes.result, "/v1/event": routes.event}.get(route)
         if self.command == "GET" and route == "/v1/status":
@@ -209,25 +298,62 @@ class _Handler(BaseHTTPRequestHandler):
         log.info("socket: " + format, *args)  # the library's own refusals; stderr is not ours to write
 
 
-class UnixConnection(http.client.HTTPConnection):
-    """An `http.client` connection to a daemon's Unix socket, kept alive
-    between requests: `connect` dials the socket, the library does the rest.
+@attrs.frozen
+class Address:
+    """Where a daemon's bridge is: its Unix socket, or its loopback port and
+    the secret every request there carries (kept out of `repr`)."""
+
+    socket: Optional[str] = None
+    port: Optional[int] = None
+    secret: Optional[str] = attrs.field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, doc: dict) -> "Address":
+        """From a hello line or an address file; KeyError or TypeError for one of neither shape."""
+        if "socket" in doc:
+            return cls(socket=str(doc["socket"]))
+        if not isinstance(doc["port"], int) or not isinstance(doc["secret"], str):
+            raise TypeError("not a port and a secret")
+        return cls(port=doc["port"], secret=doc["secret"])
+
+
+def read_address(path: str) -> Address:
+    """The address a daemon's file at `path` names: the socket itself, or
+    the address file a LoopbackListener wrote (OSError, ValueError,
+    LookupError or TypeError for one that cannot be read)."""
+    if not path.endswith(".address"):
+        return Address(socket=path)
+    with open(path, encoding="ascii") as file:
+        return Address.of(json.loads(file.read(4096)))
+
+
+class DaemonConnection(http.client.HTTPConnection):
+    """An `http.client` connection to a daemon's bridge at `address`, kept
+    alive between requests: `connect` dials it, the library does the rest.
     `timeout` bounds each exchange whole, not each read: a socket answering
     a byte at a time holds its client no longer."""
 
-    def __init__(self, path: str, timeout: float = 10.0):
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = path
+    def __init__(self, address: Address, timeout: float = 10.0):
+        super().__init__("127.0.0.1", address.port, timeout=timeout)
+        self.address = address
 
     def connect(self) -> None:
-        sock = _BoundedSocket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix = self.address.socket is not None
+        sock = _BoundedSocket(socket.AF_UNIX if unix else socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)
-            sock.connect(self.socket_path)
+            sock.connect(self.address.socket if unix else (self.host, self.port))
+            if not unix:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             sock.close()
             raise
         self.sock = sock
+
+    def putrequest(self, *args: Any, **kwargs: Any) -> None:
+        super().putrequest(*args, **kwargs)
+        if self.address.secret is not None:  # every request on a loopback bridge carries it
+            self.putheader(SECRET_HEADER, self.address.secret)
 
     def exchange(self, method: str, url: str, body: Optional[bytes] = None, headers: Optional[dict] = None) -> Tuple[int, bytes]:
         """(status, body) of one request on this connection, within `timeout`."""

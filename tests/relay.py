@@ -1,5 +1,6 @@
 """Plays the Claude Code relay over the real bridge: the daemon as a subprocess,
-its stdout read line by line, results and events posted over its Unix socket."""
+its stdout read line by line, results and events posted over its socket (its
+Unix socket, or on Windows its loopback port with the secret)."""
 from __future__ import annotations
 
 import json
@@ -11,12 +12,12 @@ import threading
 import time
 
 from lich_dev.procs import ROOT, daemon_env, stop
-from lich_control.unix_socket import UnixConnection
+from lich_control.unix_socket import Address, DaemonConnection
 
 
-def unix_request(path, method, url, body=None, headers=None, timeout=10.0):
-    """One request on a connection of its own: (status, body)."""
-    conn = UnixConnection(path, timeout)
+def daemon_request(address, method, url, body=None, headers=None, timeout=10.0):
+    """One request on a connection of its own to `address` (an Address): (status, body)."""
+    conn = DaemonConnection(address, timeout)
     try:
         return conn.exchange(method, url, body, headers)
     finally:
@@ -29,6 +30,7 @@ class Relay:
     def __init__(self, env, args=(), stdin=subprocess.PIPE, module="lich_control.daemon", stderr=subprocess.PIPE, preexec_fn=None):
         # module: lich_dev.sim for the daemon on the simulated session; stderr:
         # a descriptor of the test's own, which then reads it itself
+        self.env = env
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *args],
             cwd=ROOT,
@@ -76,12 +78,16 @@ class Relay:
         return line
 
     @property
-    def socket(self):
-        return self.hello["socket"]
+    def run_dir(self):
+        return os.path.dirname(self.hello["socket"]) if "socket" in self.hello else self.env["LICH_CONTROL_RUN_DIR"]
+
+    @property
+    def address(self):
+        return Address.of(self.hello)
 
     def post(self, url, body):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return unix_request(self.socket, "POST", url, data, {"Content-Type": "application/json"})
+        return daemon_request(self.address, "POST", url, data, {"Content-Type": "application/json"})
 
     def result(self, call_id, value=None, error=None):
         body = {"id": call_id, "ok": False, "error": error} if error is not None else {"id": call_id, "ok": True, "value": value}
@@ -93,7 +99,7 @@ class Relay:
         assert status == 204, status
 
     def status(self):
-        status, body = unix_request(self.socket, "GET", "/v1/status")
+        status, body = daemon_request(self.address, "GET", "/v1/status")
         assert status == 200, status
         return json.loads(body)
 
@@ -179,6 +185,17 @@ def full_pipe():
     """A pipe whose buffer is full, for a stream nobody reads: the next
     blocking write to it would wait."""
     read_fd, write_fd = os.pipe()
+    if os.name == "nt":
+        from lich_control import windows
+
+        windows.nonblocking_pipe(write_fd)
+        try:
+            while os.write(write_fd, b"x" * 4096) == 4096:
+                pass
+        except OSError:
+            pass
+        windows.nonblocking_pipe(write_fd, wait=True)
+        return read_fd, write_fd
     os.set_blocking(write_fd, False)
     try:
         while True:

@@ -2,11 +2,13 @@ import gc
 import io
 import json
 import logging
+import os
 import threading
 import weakref
 
 import pytest
 
+from lich_control import __version__
 from lich_control.bridge import BadMessage, Bridge, CallResult, PendingCalls, Turns
 
 WAIT = 5.0
@@ -65,7 +67,7 @@ def wire():
 
 def test_the_hello_and_each_call_are_one_json_line_in_the_bridge_shape(wire):
     bridge, out, _, _ = wire
-    bridge.hello("/run/x/s1.sock")
+    bridge.hello({"socket": "/run/x/s1.sock"})
     bridge.call("prompt.submit", {"text": "run the tests"}, None)
     bridge.call("turn.abort", {"turnId": "t1"}, 10)
     hello, *calls = out.lines()
@@ -75,6 +77,13 @@ def test_the_hello_and_each_call_are_one_json_line_in_the_bridge_shape(wire):
         {"op": "call", "id": "c1", "method": "prompt.submit", "args": {"text": "run the tests"}},
         {"op": "call", "id": "c2", "method": "turn.abort", "args": {"turnId": "t1"}},
     ]
+
+
+def test_a_loopback_hello_names_port_and_secret_instead_of_a_socket(wire):
+    bridge, out, _, _ = wire
+    bridge.hello({"port": 50123, "secret": "s3cret"})
+    (hello,) = out.lines()
+    assert hello == {"op": "hello", "protocol": 1, "pid": os.getpid(), "port": 50123, "secret": "s3cret", "version": __version__}
 
 
 def test_a_result_settles_the_call_it_names_in_any_order(wire):

@@ -2,8 +2,9 @@ import os
 
 import pytest
 
-from lich_control.config import BadConfig, Config, NotInLich, expected_parent, lock_wait, parse_port, run_dir, session_path
+from lich_control.config import WINDOWS, BadConfig, Config, NotInLich, expected_parent, lock_wait, parse_port, run_dir, session_path
 
+POSIX = pytest.mark.skipif(WINDOWS, reason="Windows' run folder is in LOCALAPPDATA (tested below); no XDG, no uid")
 FULL = {"LICH_PORT": "4242", "LICH_TOKEN": "t", "LICH_SESSION_ID": "s1", "LICH_CONTROL_RUN_DIR": "/tmp/r"}
 
 
@@ -30,6 +31,7 @@ def test_ports_at_the_edges_are_taken():
     assert (parse_port("1"), parse_port("65535")) == (1, 65535)
 
 
+@POSIX
 def test_the_run_folder_follows_the_documented_order(tmp_path):
     assert run_dir({"LICH_CONTROL_RUN_DIR": "/a", "XDG_RUNTIME_DIR": str(tmp_path)}) == "/a"
     assert run_dir({"XDG_RUNTIME_DIR": str(tmp_path)}) == str(tmp_path / "lich-control")
@@ -38,6 +40,14 @@ def test_the_run_folder_follows_the_documented_order(tmp_path):
     assert run_dir({"XDG_RUNTIME_DIR": str(tmp_path / "gone")}) == run_dir({})
 
 
+@pytest.mark.skipif(not WINDOWS, reason="Windows' own run folder")
+def test_on_windows_the_run_folder_is_in_local_app_data_unless_set(tmp_path):
+    assert run_dir({"LOCALAPPDATA": str(tmp_path)}) == os.path.join(str(tmp_path), "lich-control", "run")
+    assert run_dir({"LICH_CONTROL_RUN_DIR": str(tmp_path / "r"), "LOCALAPPDATA": str(tmp_path)}) == str(tmp_path / "r")
+    assert run_dir({}) == os.path.join(os.path.expanduser("~"), "AppData", "Local", "lich-control", "run")
+
+
+@POSIX
 def test_a_relative_run_folder_is_made_absolute_and_a_relative_xdg_folder_ignored(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert run_dir({"LICH_CONTROL_RUN_DIR": "run"}) == str(tmp_path / "run")
@@ -49,7 +59,7 @@ def test_the_lock_wait_is_5_s_unless_set_to_a_number():
 
 
 def test_a_plain_session_id_names_its_files():
-    assert session_path("/r", "card-7", "sock") == "/r/card-7.sock"
+    assert session_path("/r", "card-7", "sock") == os.path.join("/r", "card-7.sock")
 
 
 @pytest.mark.parametrize("session", ["../escape", "a/b", "x" * 80, ".hidden", "sp ace"])
@@ -74,8 +84,12 @@ def test_a_variable_whose_bytes_were_not_utf8_is_refused_without_its_value(name)
 
 
 def test_a_socket_path_too_long_for_a_unix_socket_is_refused_naming_the_variable_to_set():
+    folder = "/tmp/" + "d" * 100
+    if WINDOWS:  # no Unix socket there: its address file has no such limit
+        assert Config.from_env(dict(FULL, LICH_CONTROL_RUN_DIR=folder)).run_dir == os.path.abspath(folder)
+        return
     with pytest.raises(BadConfig, match="too long for a Unix socket; set LICH_CONTROL_RUN_DIR to a shorter folder"):
-        Config.from_env(dict(FULL, LICH_CONTROL_RUN_DIR="/tmp/" + "d" * 100))
+        Config.from_env(dict(FULL, LICH_CONTROL_RUN_DIR=folder))
 
 
 def test_the_parent_is_the_one_the_spawner_names_else_the_one_found_at_the_start():

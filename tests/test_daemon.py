@@ -28,6 +28,14 @@ WAIT = 10.0
 ROOT = procs.ROOT
 
 
+WINDOWS = os.name == "nt"
+# What cannot apply on Windows, each for its reason.
+POSIX_SIGNALS = pytest.mark.skipif(WINDOWS, reason="Windows: a signal sent to another process is TerminateProcess, nothing a daemon can catch (the relay kills its child outright)")
+POSIX_STDIN = pytest.mark.skipif(WINDOWS, reason="Windows: the daemon does not watch stdin (a spawn's is closed from the start); it waits on the parent's process handle")
+POSIX_FDS = pytest.mark.skipif(WINDOWS, reason="the test hands descriptors to a child with pass_fds, which Windows lacks")
+POSIX_DEATH = pytest.mark.skipif(WINDOWS, reason="Linux's parent-death signal and SIGALRM: Windows has neither (its Lifeline and exit timer are threads)")
+
+
 DAEMON = [sys.executable, "-m", "lich_control.daemon"]
 
 
@@ -83,6 +91,7 @@ def _block_our_signals():
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGALRM, signal.SIGUSR2})
 
 
+@POSIX_SIGNALS
 def test_sigterm_even_blocked_by_the_parent_cuts_the_parked_poll_removes_the_socket_and_exits_0(relay, lich):
     # Blocked in the mask it inherits, SIGTERM, the exit deadline and the
     # parent-death signal would never reach the daemon: it unblocks them first.
@@ -97,6 +106,7 @@ def test_sigterm_even_blocked_by_the_parent_cuts_the_parked_poll_removes_the_soc
     assert len(lich.record.polls) == 1
 
 
+@POSIX_SIGNALS
 def test_an_ack_already_being_sent_finishes_within_the_grace(relay, lich):
     r = relay()
     r.wait_hello()
@@ -123,6 +133,7 @@ def test_a_run_folder_removed_under_the_daemon_ends_it_with_1_and_what_was_in_fl
         assert lich.record.ack_for(cid, WAIT) == {"session_id": "s1", "id": cid, "kind": kind, "ok": False, "error": said}
 
 
+@POSIX_SIGNALS
 def test_the_shutdown_says_which_thread_overran_its_grace(relay, lich, run_dir):
     r = started(relay, lich)
     lich.faults.hold_acks()
@@ -137,6 +148,7 @@ def test_the_shutdown_says_which_thread_overran_its_grace(relay, lich, run_dir):
         assert "the worker did not stop within the 1 s grace; the exit cuts it short" in log.read()
 
 
+@POSIX_STDIN
 def test_closing_stdin_is_the_parent_going_away(relay, lich):
     r = relay()
     socket_path = r.wait_hello()["socket"]
@@ -191,6 +203,7 @@ sys.stdin.read()
 """
 
 
+@POSIX_FDS
 def test_the_parents_death_ends_the_daemon_within_2_s_and_the_exit_of_its_spawning_thread_does_not(daemon_env, lich):
     # The daemon's stdin is /dev/null and the test holds its stdout open:
     # only the parent's death can tell it the session is gone.
@@ -240,6 +253,7 @@ def test_a_stdin_closed_from_the_start_is_not_taken_for_the_parent_leaving(daemo
 # -- a stop asked for before the threads start -----------------------------------------
 
 
+@POSIX_FDS
 def test_a_relay_gone_before_the_hello_ends_the_daemon_with_0_and_nothing_left(daemon_env, lich, run_dir):
     read_fd, write_fd = os.pipe()
     os.close(read_fd)  # the hello's write fails: nobody will ever read the bridge
@@ -258,6 +272,7 @@ subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], env=env, stdin=s
 """
 
 
+@POSIX_FDS
 def test_a_daemon_whose_parent_died_before_it_ran_stops_without_polling(daemon_env, lich, run_dir):
     # stdin /dev/null and a stdout the test reads to its end: only the
     # parent's pid can tell the session is gone, and a reaper has its place by then.
@@ -329,6 +344,7 @@ def parent_death_signal_allowed():
     return libc.prctl(1, current.value, 0, 0, 0) == 0  # PR_SET_PDEATHSIG, to what it was
 
 
+@POSIX_DEATH
 def test_the_log_says_so_when_the_parent_is_watched_without_a_death_signal(relay, run_dir):
     relay().wait_hello()  # said before the hello
     with open(os.path.join(run_dir, "s1.log")) as f:
@@ -346,6 +362,7 @@ def test_the_log_level_comes_from_the_environment(relay, lich, run_dir, level, w
 # -- the daemon exits within 2 s whatever its pipes do ----------------------
 
 
+@POSIX_SIGNALS
 def test_sigterm_ends_a_daemon_whose_stdout_nobody_reads(daemon_env, lich):
     read_fd, write_fd = os.pipe()
     with spawned(daemon_env, stdout=write_fd) as proc:
@@ -372,6 +389,7 @@ lock.acquire()  # held for ever: only the kernel ends this
 """
 
 
+@POSIX_DEATH
 def test_the_exit_deadline_ends_a_process_whatever_holds_it():
     proc = subprocess.run([sys.executable, "-c", HELD], cwd=ROOT, env=procs.daemon_env(), timeout=WAIT)
     assert proc.returncode == -signal.SIGALRM

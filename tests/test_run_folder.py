@@ -10,13 +10,16 @@ import pytest
 from lich_control.config import BadConfig
 from lich_control.run_folder import LockHeld, NotOurs, check_socket, ensure, open_file, session_lock
 
-ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="making a file of another user takes root")
+MODES = pytest.mark.skipif(os.name == "nt", reason="Windows has no owner or mode bits to check (the profile's ACL keeps the run folder the user's)")
+ROOT_ONLY = pytest.mark.skipif(os.name == "nt" or os.geteuid() != 0, reason="making a file of another user takes root (and a POSIX owner)")
+UNIX_SOCKETS = pytest.mark.skipif(os.name == "nt", reason="no Unix socket on Windows: nothing checks a socket's name")
 OTHER_UID = 54321
 
 
 # -- the folder -----------------------------------------------------------------------------
 
 
+@MODES
 def test_a_run_folder_it_creates_is_0700_whatever_the_umask(tmp_path):
     folder = tmp_path / "run"
     old = os.umask(0o277)  # would leave it 0500, unusable
@@ -27,6 +30,7 @@ def test_a_run_folder_it_creates_is_0700_whatever_the_umask(tmp_path):
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
 
 
+@MODES
 def test_an_existing_private_enough_run_folder_is_used_as_it_is(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
@@ -35,6 +39,7 @@ def test_an_existing_private_enough_run_folder_is_used_as_it_is(tmp_path):
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o755
 
 
+@MODES
 @pytest.mark.parametrize("mode", [0o1777, 0o777, 0o770, 0o757], ids=oct)
 def test_a_folder_others_can_write_is_refused_and_its_mode_left_alone(tmp_path, mode):
     folder = tmp_path / "shared"
@@ -87,6 +92,7 @@ def test_what_is_not_a_plain_file_of_ours_is_refused_and_never_written_through(t
     assert victim.read_text() == "theirs" and not (tmp_path / "new").exists()
 
 
+@MODES
 def test_a_file_of_ours_left_0644_is_made_0600_through_its_descriptor(tmp_path):
     path = tmp_path / "s1.log"
     path.write_text("old\n")
@@ -95,6 +101,7 @@ def test_a_file_of_ours_left_0644_is_made_0600_through_its_descriptor(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
+@UNIX_SOCKETS
 def test_only_a_socket_or_nothing_may_be_at_the_sockets_name(tmp_path):
     check_socket(str(tmp_path / "none.sock"))
     (tmp_path / "file.sock").write_text("")

@@ -16,11 +16,43 @@ from conftest import SCAN_TOKEN
 from lich_control import status_cli as statuscli
 from lich_control.activity import Activity
 from lich_control.bridge import Turns
-from lich_control.unix_socket import Routes, UnixHttpServer
+from lich_control.config import ADDRESS, WINDOWS
+from lich_control.unix_socket import BridgeServer, LoopbackListener, Routes, listener_at
 from lich_dev.faults import AckAnswer, Answer
 from lich_dev.procs import ROOT, daemon_env
 
 WAIT = 10.0
+
+
+def bound_not_listening(folder, name):
+    """What a killed daemon leaves: a socket file nothing listens on, or on
+    Windows an address file naming a port nothing listens on. Its path."""
+    path = str(folder / f"{name}.{ADDRESS}")
+    if WINDOWS:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        with open(path, "w") as file:
+            json.dump({"pid": 1, "port": port, "secret": "s"}, file)
+    else:
+        stale = socket.socket(socket.AF_UNIX)
+        stale.bind(path)
+        stale.close()  # bound, never listening: connecting is refused
+    return path
+
+
+def listening(folder, name):
+    """A listening socket nothing answers on, and the path naming it in `folder`."""
+    path = str(folder / f"{name}.{ADDRESS}")
+    if WINDOWS:
+        sock = socket.create_server(("127.0.0.1", 0))
+        with open(path, "w") as file:
+            json.dump({"pid": 1, "port": sock.getsockname()[1], "secret": "s"}, file)
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(path)
+        sock.listen()
+    return sock, path
 
 
 def daemons_in_each_state():
@@ -48,7 +80,7 @@ def folder(tmp_path, monkeypatch):
 
     def serve(statuses):
         for name, status in statuses.items():
-            server = UnixHttpServer(str(tmp_path / f"{name}.sock"), Routes(None, None, status if callable(status) else lambda doc=status: doc))
+            server = BridgeServer(listener_at(str(tmp_path / f"{name}.{ADDRESS}")), Routes(None, None, status if callable(status) else lambda doc=status: doc))
             server.listen()
             servers.append(server)
 
@@ -62,9 +94,7 @@ def folder(tmp_path, monkeypatch):
 def run(folder, capsys):
     """lich-mod-status over the daemons in each state and a stale socket: (code, out, err)."""
     folder(daemons_in_each_state())
-    stale = socket.socket(socket.AF_UNIX)
-    stale.bind(str(folder.path / "stale.sock"))
-    stale.close()  # bound, never listening: connecting is refused
+    bound_not_listening(folder.path, "stale")
 
     def invoke(*args):
         code = statuscli.main(list(args))
@@ -145,6 +175,7 @@ def test_the_overview_fits_the_terminal_and_cuts_the_widest_cells(run, monkeypat
     assert "…" in out and "  polling" in row(out, "live")
 
 
+@pytest.mark.skipif(WINDOWS, reason="Windows: no owner or mode to check (the profile's ACL keeps the folder the user's)")
 @pytest.mark.parametrize("foreign", ["another user's", "writable by others"])
 def test_a_run_folder_the_daemon_would_refuse_is_refused_and_nothing_in_it_asked(run, folder, monkeypatch, foreign):
     # A folder another local user made first, with a socket answering what they like.
@@ -160,9 +191,7 @@ def test_a_run_folder_the_daemon_would_refuse_is_refused_and_nothing_in_it_asked
 
 
 def test_a_socket_answering_a_byte_at_a_time_is_given_the_limit_for_the_whole_exchange(tmp_path, background):
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(tmp_path / "slow.sock"))
-    listener.listen()
+    listener, path = listening(tmp_path, "slow")
     done = threading.Event()
 
     def trickle():
@@ -176,7 +205,7 @@ def test_a_socket_answering_a_byte_at_a_time_is_given_the_limit_for_the_whole_ex
 
     background.submit(trickle)
     try:
-        asked = background.submit(statuscli.ask, str(tmp_path / "slow.sock"), 0.5)
+        asked = background.submit(statuscli.ask, path, 0.5)
         assert asked.result(WAIT).stale == "stale socket: no answer within 0.5 s"
     finally:
         done.set()
@@ -280,3 +309,21 @@ def test_what_lich_sent_is_shown_cleaned_in_every_view_and_the_log(lich, relay, 
     assert any(NASTY_ID[:30] in line for line in lines)
     assert not any(char in line for line in lines for char in "\u202e\u200b\ufeff")
     assert not any(line.startswith("2026-12-01 00:00:00,000 INFO forged") for line in lines)
+
+
+# -- a daemon on loopback TCP (Windows' listener, asked here on every system) ---------------
+
+
+def test_a_daemon_named_by_an_address_file_is_asked_on_its_port_with_its_secret(tmp_path):
+    doc = good_status("tcp")
+    with BridgeServer(LoopbackListener(str(tmp_path / "tcp.address")), Routes(None, None, lambda: doc)) as server:
+        found = statuscli.ask(server.listener.path)
+    assert found.status == doc and found.session == "tcp"
+
+
+@pytest.mark.parametrize("content", ["not json", '{"pid": 1}', '{"port": "80", "secret": "s"}'], ids=["not-json", "no-port", "port-not-a-number"])
+def test_an_address_file_that_cannot_be_read_is_reported_on_its_row(tmp_path, content):
+    path = tmp_path / "odd.address"
+    path.write_text(content)
+    found = statuscli.ask(str(path))
+    assert found.status is None and found.stale.startswith("its address file cannot be read")

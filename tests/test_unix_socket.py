@@ -1,8 +1,11 @@
-"""The daemon's Unix socket (socketserver and http.server underneath): the
-routes and their refusals, keep-alive, bodies it cannot take -- each one
-answer on a connection that goes on -- the idle limit, and a burst queued,
-never refused."""
+"""The daemon's socket (socketserver and http.server underneath), on each
+listener this system has -- a Unix socket, and loopback TCP with its secret
+(Windows' listener, tested here on every system) -- the routes and their
+refusals, keep-alive, bodies it cannot take -- each one answer on a
+connection that goes on -- the idle limit, and a burst queued, never
+refused; then what is each listener's own."""
 import concurrent.futures
+import http.client
 import json
 import os
 import socket
@@ -13,13 +16,26 @@ import pytest
 from lich_control.bridge import BadMessage
 from lich_control.json_reader import MAX_VALUES
 from lich_control.run_folder import NotOurs
-from lich_control.unix_socket import MAX_BODY, Routes, UnixConnection, UnixHttpServer
+from lich_control.unix_socket import MAX_BODY, SECRET_HEADER, Address, BridgeServer, DaemonConnection, LoopbackListener, Routes, UnixListener, read_address
 
-from relay import unix_request
+from relay import daemon_request
 
 JSON = {"Content-Type": "application/json"}
 EVENT = b'{"event": "x"}'
 WAIT = 10.0
+LISTENERS = [
+    pytest.param("unix", marks=pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets on this system (Windows)")),
+    "loopback",
+]
+unix_only = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets on this system (Windows)")
+
+
+def listener(kind, path):
+    return UnixListener(path + ".sock") if kind == "unix" else LoopbackListener(path + ".address")
+
+
+def connect(srv, timeout=10.0):
+    return DaemonConnection(srv.listener.address, timeout)
 
 
 class Sinks:
@@ -39,14 +55,14 @@ class Sinks:
         return Routes(self.result, self.events.append, lambda: {"ok": True})
 
 
-@pytest.fixture
-def serve(tmp_path):
-    """A server (`idle_seconds` may be given), its sinks as `.sinks`; closed after the test."""
+@pytest.fixture(params=LISTENERS)
+def serve(tmp_path, request):
+    """A server on each listener (`idle_seconds` may be given), its sinks as `.sinks`; closed after the test."""
     started = []
 
     def make(**idle):
         sinks = Sinks()
-        srv = UnixHttpServer(str(tmp_path / f"s{len(started)}.sock"), sinks.routes(), **idle)
+        srv = BridgeServer(listener(request.param, str(tmp_path / f"s{len(started)}")), sinks.routes(), **idle)
         srv.listen()
         srv.sinks = sinks
         started.append(srv)
@@ -67,42 +83,92 @@ def still_serving(conn):
     assert conn.exchange("POST", "/v1/event", EVENT, JSON) == (204, b"")
 
 
-# -- the socket file ---------------------------------------------------------------
+# -- the listener's file ---------------------------------------------------------------
 
 
-def test_the_socket_is_0600(server):
-    assert stat.S_IMODE(os.stat(server.path).st_mode) == 0o600
-
-
-def test_close_removes_the_socket_and_ends_the_accepting_thread(server):
+def test_close_removes_the_listeners_file_and_ends_the_accepting_thread(server):
     server.close()
     server._thread.join(WAIT)
     assert not server._thread.is_alive()
-    assert not os.path.exists(server.path)
+    assert not os.path.exists(server.listener.path)
 
 
+@unix_only
+def test_the_socket_is_0600(tmp_path):
+    with BridgeServer(UnixListener(str(tmp_path / "s.sock")), Routes(None, None, dict)) as srv:
+        assert stat.S_IMODE(os.stat(srv.listener.path).st_mode) == 0o600
+
+
+@unix_only
 def test_what_is_not_a_socket_at_its_name_is_refused_and_left_as_it_was(tmp_path):
     path = tmp_path / "s1.sock"
     path.mkdir()
     with pytest.raises(NotOurs, match="is not a socket"):
-        UnixHttpServer(str(path), Routes(None, None, dict)).listen()
+        BridgeServer(UnixListener(str(path)), Routes(None, None, dict)).listen()
     assert path.is_dir()
 
 
+@unix_only
 def test_a_stale_socket_file_is_replaced(tmp_path):
     path = str(tmp_path / "stale.sock")
     killed = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     killed.bind(path)
     killed.close()  # as if that daemon had been killed: the file stays
-    with UnixHttpServer(path, Routes(None, None, lambda: {"n": 2})):
-        assert unix_request(path, "GET", "/v1/status") == (200, b'{"n": 2}')
+    with BridgeServer(UnixListener(path), Routes(None, None, lambda: {"n": 2})):
+        assert daemon_request(Address(socket=path), "GET", "/v1/status") == (200, b'{"n": 2}')
+
+
+# -- the loopback listener: its secret and its address file ------------------------------
+
+
+@pytest.fixture
+def loopback(tmp_path):
+    sinks = Sinks()
+    with BridgeServer(LoopbackListener(str(tmp_path / "s1.address")), sinks.routes()) as srv:
+        srv.sinks = sinks
+        yield srv
+
+
+def test_the_loopback_listener_is_on_127_0_0_1_with_a_secret_of_its_own(loopback, tmp_path):
+    assert loopback.server_address[0] == "127.0.0.1"
+    other = LoopbackListener(str(tmp_path / "s2.address"))
+    assert len(loopback.listener.secret) >= 43 and other.secret != loopback.listener.secret  # 32 random bytes
+
+
+def test_its_address_file_names_pid_port_and_secret_and_goes_at_the_close(loopback):
+    path = loopback.listener.path
+    with open(path) as file:
+        assert json.load(file) == {"pid": os.getpid(), "port": loopback.listener.port, "secret": loopback.listener.secret}
+    assert daemon_request(read_address(path), "GET", "/v1/status") == (200, b'{"ok": true}')
+    loopback.close()
+    assert not os.path.exists(path)
+
+
+def test_a_stale_address_file_is_replaced(tmp_path):
+    path = tmp_path / "s1.address"
+    path.write_text('{"pid": 1, "port": 1, "secret": "old"}')  # a killed daemon's
+    with BridgeServer(LoopbackListener(str(path)), Routes(None, None, dict)) as srv:
+        assert read_address(str(path)) == srv.listener.address
+
+
+@pytest.mark.parametrize("secret", [None, "wrong", ""], ids=["missing", "wrong", "empty"])
+def test_a_request_without_the_secret_is_403_logged_without_it_and_reaches_no_sink(loopback, secret, caplog):
+    conn = http.client.HTTPConnection("127.0.0.1", loopback.listener.port, timeout=WAIT)
+    conn.request("POST", "/v1/event", EVENT, dict(JSON, **({SECRET_HEADER: secret} if secret is not None else {})))
+    response = conn.getresponse()
+    assert (response.status, response.read()) == (403, b"the bridge's secret is missing or wrong\n") and response.will_close
+    conn.close()
+    assert loopback.sinks.events == []
+    said = [r.getMessage() for r in caplog.records if r.name == "lich_control.socket"]
+    assert said == [f"refused POST /v1/event on the bridge: {'no secret' if secret is None else 'a wrong secret'}"]
+    assert loopback.listener.secret not in caplog.text
 
 
 # -- routes and keep-alive ------------------------------------------------------------
 
 
 def test_one_kept_alive_connection_carries_many_requests(server):
-    conn = UnixConnection(server.path)
+    conn = connect(server)
     for i in range(20):
         assert conn.exchange("POST", "/v1/result", json.dumps({"id": f"c{i}"}).encode(), JSON) == (204, b"")
     assert conn.exchange("GET", "/v1/status") == (200, b'{"ok": true}')
@@ -113,7 +179,7 @@ def test_one_kept_alive_connection_carries_many_requests(server):
 def test_a_burst_of_concurrent_connections_is_never_refused(server):
     # 64 at once: those past the accepting thread wait their turn in the backlog.
     with concurrent.futures.ThreadPoolExecutor(64) as pool:
-        statuses = list(pool.map(lambda i: unix_request(server.path, "POST", "/v1/event", json.dumps({"i": i}).encode())[0], range(300)))
+        statuses = list(pool.map(lambda i: daemon_request(server.listener.address, "POST", "/v1/event", json.dumps({"i": i}).encode())[0], range(300)))
     assert statuses == [204] * 300 and len(server.sinks.events) == 300
 
 
@@ -128,7 +194,7 @@ def test_a_burst_of_concurrent_connections_is_never_refused(server):
     ids=["not-json", "deeper-than-the-stack", "too-many-values", "wrong-shape"],
 )
 def test_a_body_refused_says_why_in_one_line_and_the_connection_goes_on(server, body, text):
-    conn = UnixConnection(server.path)
+    conn = connect(server)
     assert conn.exchange("POST", "/v1/result", body, JSON) == (400, text)
     still_serving(conn)
     conn.close()
@@ -139,23 +205,23 @@ def test_a_body_refused_says_why_in_one_line_and_the_connection_goes_on(server, 
     [("GET", "/v1/result", 405, b"method not allowed\n"), ("PUT", "/v1/event", 405, b"method not allowed\n"), ("GET", "/nowhere", 404, b"no such path\n")],
 )
 def test_a_request_no_relay_makes_is_refused_in_one_line_and_the_connection_closed(server, method, url, status, text):
-    conn = UnixConnection(server.path)
+    conn = connect(server)
     conn.request(method, url, b"{}", JSON)
     response = conn.getresponse()
     assert (response.status, response.read()) == (status, text) and response.will_close
-    still_serving(UnixConnection(server.path))
+    still_serving(connect(server))
 
 
 def test_a_bug_in_a_route_is_a_500_and_the_server_goes_on(server):
-    conn = UnixConnection(server.path)
+    conn = connect(server)
     conn.request("POST", "/v1/result", b'{"id": "crash"}', JSON)
     response = conn.getresponse()
     assert (response.status, response.read()) == (500, b"the daemon failed to answer (see its log)\n") and response.will_close
-    still_serving(UnixConnection(server.path))
+    still_serving(connect(server))
 
 
 def test_a_chunked_body_is_411_and_the_connection_closes(server):
-    conn = UnixConnection(server.path)
+    conn = connect(server)
     conn.putrequest("POST", "/v1/result")
     conn.putheader("Transfer-Encoding", "chunked")
     conn.endheaders()  # the answer comes before any chunk is sent
@@ -165,7 +231,7 @@ def test_a_chunked_body_is_411_and_the_connection_closes(server):
 
 
 def test_a_body_over_the_limit_is_413_without_being_read(server):
-    conn = UnixConnection(server.path)
+    conn = connect(server)
     conn.putrequest("POST", "/v1/result")
     conn.putheader("Content-Length", str(MAX_BODY + 1))
     conn.endheaders()  # and no body: the answer comes without waiting for it
@@ -178,13 +244,14 @@ def test_a_body_over_the_limit_is_413_without_being_read(server):
 
 def test_an_idle_connection_is_closed_past_the_idle_limit(serve):
     # A connection that never sends: one that sent first would race the limit.
-    with socket.socket(socket.AF_UNIX) as sock:
+    srv = serve(idle_seconds=0.2)
+    with socket.socket(srv.address_family) as sock:
         sock.settimeout(WAIT)
-        sock.connect(serve(idle_seconds=0.2).path)
+        sock.connect(srv.server_address)
         assert sock.recv(4096) == b""
 
 
 def test_a_client_is_told_the_idle_limit_of_60_seconds(server):
-    conn = UnixConnection(server.path, WAIT)
+    conn = connect(server, WAIT)
     conn.request("GET", "/v1/status")
     assert conn.getresponse().getheader("Keep-Alive") == "timeout=60"

@@ -2,8 +2,8 @@
 relay's half of the bridge.
 
 A reader thread timestamps each stdout line, shows it to `on_call`, and
-answers it at once over the daemon's Unix socket on one kept-alive
-`UnixConnection` (the same client every tool uses); forks are answered by a
+answers it at once over the daemon's socket on one kept-alive
+`DaemonConnection` (the same client every tool uses); forks are answered by a
 second thread, on its own connection, `fork_delay` seconds after they came.
 """
 from __future__ import annotations
@@ -20,13 +20,13 @@ from typing import Callable, List, Optional
 
 from lich_dev.lich import StubLich
 from lich_dev.procs import ROOT, daemon_env, stop
-from lich_control.unix_socket import UnixConnection
+from lich_control.unix_socket import Address, DaemonConnection
 from .common import CLOCK, WAIT, BenchError
 
 JSON = {"Content-Type": "application/json"}
 
 
-def post_result(conn: UnixConnection, doc: dict) -> int:
+def post_result(conn: DaemonConnection, doc: dict) -> int:
     status, _ = conn.exchange("POST", "/v1/result", json.dumps(doc).encode(), JSON)
     return status
 
@@ -37,7 +37,7 @@ class Relay:
         self.fork_delay = fork_delay
         self.on_call: Optional[Callable[[float, dict], None]] = None
         self.errors: List[str] = []
-        self.socket: Optional[str] = None
+        self.socket: Optional[Address] = None
         self._hello = threading.Event()
         self._forks: "queue.Queue" = queue.Queue()
         env = daemon_env(LICH_PORT=str(lich.port), LICH_TOKEN=lich.token, LICH_SESSION_ID=session_id, LICH_CONTROL_RUN_DIR=run_dir)
@@ -64,7 +64,7 @@ class Relay:
             raise BenchError(f"daemon {self.session_id} said no hello within {timeout:g} s")
 
     def _read(self) -> None:
-        conn: Optional[UnixConnection] = None
+        conn: Optional[DaemonConnection] = None
         try:
             for raw in self.proc.stdout:
                 now = CLOCK()
@@ -72,8 +72,8 @@ class Relay:
                 if doc.get("op") == "hello":
                     # http.client connects at the first result, as the real
                     # relay does: an idle relay holds no connection.
-                    self.socket = doc["socket"]
-                    conn = UnixConnection(self.socket)
+                    self.socket = Address.of(doc)
+                    conn = DaemonConnection(self.socket)
                     self._forker.start()
                     self._hello.set()
                     continue
@@ -93,13 +93,13 @@ class Relay:
                 conn.close()
             self._forks.put(None)
 
-    def _answer(self, conn: UnixConnection, call_id: str, value) -> None:
+    def _answer(self, conn: DaemonConnection, call_id: str, value) -> None:
         status = post_result(conn, {"id": call_id, "ok": True, "value": value})
         if status != 204:
             self.errors.append(f"{call_id}: /v1/result answered {status}")
 
     def _answer_forks(self) -> None:
-        conn = UnixConnection(self.socket)
+        conn = DaemonConnection(self.socket)
         try:
             while True:
                 item = self._forks.get()

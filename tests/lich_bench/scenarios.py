@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 from lich_dev.lich import StubLich
 from lich_dev.procs import ROOT, daemon_env
-from lich_control.unix_socket import UnixConnection
+from lich_control.unix_socket import DaemonConnection
 from .common import CLOCK, WAIT, BenchError, floor_figures
 from .relay import JSON, Relay
 
@@ -202,7 +202,7 @@ def run_socket_floor(relay: Relay, n: int) -> dict:
     the relay stand-in's process, on one kept-alive connection. Each posts a
     turn.complete for no turn, which the daemon takes and ignores."""
     body = json.dumps({"event": "turn.complete", "turnId": "floor"}).encode()
-    conn = UnixConnection(relay.socket)
+    conn = DaemonConnection(relay.socket)
     took: List[float] = []
     try:
         for _ in range(n + 1):  # the first opens the connection and is not counted

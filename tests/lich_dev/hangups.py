@@ -7,6 +7,7 @@ socket: only it touches the selector.
 """
 from __future__ import annotations
 
+import select
 import selectors
 import socket
 import threading
@@ -99,8 +100,7 @@ class HangupWatch:
 def _peer_gone(sock: socket.socket) -> bool:
     """Readable while a poll is held: either the peer closed, or it sent more."""
     try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
+        # select first, then a peek that cannot wait (no MSG_DONTWAIT on Windows).
+        return bool(select.select([sock], [], [], 0)[0]) and sock.recv(1, socket.MSG_PEEK) == b""
     except OSError:
         return True
