@@ -117,8 +117,10 @@ class LoopbackListener:
     def bind(self, server: "BridgeServer") -> None:
         server.server_bind()
         self.port = server.server_address[1]
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # an earlier daemon's, stale: the session lock is ours
+        # An earlier daemon's, stale (the session lock is ours). What cannot
+        # be removed (a folder) is refused by the exclusive create.
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
         fd = open_file(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with open(fd, "w", encoding="ascii") as out:
             json.dump({"pid": os.getpid(), "port": self.port, "secret": self.secret}, out)

@@ -14,6 +14,23 @@ from lich_dev.lich import StubLich  # noqa: E402
 from relay import Relay  # noqa: E402
 
 
+def _makes_symlinks():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        link = os.path.join(folder, "link")
+        try:
+            os.symlink(folder, link)
+        except OSError:
+            return False
+        return os.path.islink(link)
+
+
+# Links planted where the daemon writes: Windows makes them only with a
+# privilege, and Wine 8's os.symlink makes nothing at all.
+symlinks = pytest.mark.skipif(not _makes_symlinks(), reason="this system makes no symbolic links (Wine 8; Windows without the privilege)")
+
+
 # A token that would show in any form a URL gives it: every daemon the
 # `lich` fixture serves gets it, and test_secrets.py, run last, looks for it
 # in everything those daemons printed, wrote, or were started with.
@@ -79,7 +96,7 @@ def relay(daemon_env):
     started = []
 
     def start(env=None, args=(), **kw):
-        r = Relay(dict(daemon_env, LICH_CONTROL_PARENT_PID=str(os.getpid()), **(env or {})), args=args, **kw)
+        r = Relay(dict(daemon_env, **dict({"LICH_CONTROL_PARENT_PID": str(os.getpid())}, **(env or {}))), args=args, **kw)
         started.append(r)
         return r
 

@@ -7,12 +7,15 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from lich_bench import floor
 from lich_dev.procs import ROOT, daemon_env
 
 SECTIONS = ("startup", "floor", "dispatch", "ack", "burst", "asks", "idle", "scale")
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="the bench measures the daemon through Linux's /proc")
 def test_the_smoke_benchmark_prints_the_table_and_the_json_with_every_section():
     done = subprocess.run(
         [sys.executable, "-m", "lich_bench", "--smoke", "--quiet"],

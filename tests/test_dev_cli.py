@@ -143,13 +143,15 @@ def test_serve_writes_a_private_runtime_file_warns_once_per_release_and_cleans_u
             path = tmp_path / RUNTIME_NAME
             doc = json.loads(path.read_text())
             assert f"listening on 127.0.0.1:{doc['port']} " in banner and doc["token"] not in banner
-            assert oct(path.stat().st_mode & 0o777) == "0o600"
+            assert oct(path.stat().st_mode & 0o777) == "0o600" or os.name == "nt"  # no mode bits there
             with requests.Session() as http:
                 for plugin in ("0.1.0", "0.1.0", "0.16.0"):
                     url = f"http://127.0.0.1:{doc['port']}/mod/commands"
                     assert http.get(url, params={"token": doc["token"], "session_id": "s1"}, headers={"X-Lich-Plugin": plugin}, timeout=WAIT).json() == []
             warning = reader.submit(proc.stderr.readline).result(WAIT)
             assert warning.startswith("lich-stub: session s1: its mod names plugin release 0.1.0 in X-Lich-Plugin, outside the range")
+            if os.name == "nt":
+                return  # no signal it could catch there (Wine has no console for CTRL_BREAK): the stop is a kill
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(WAIT) == 0 and not path.exists()
             assert proc.stderr.read() == ""  # once: the repeat and the release in range said nothing

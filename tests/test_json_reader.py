@@ -1,5 +1,6 @@
 """json_reader: a JSON document from outside read within the daemon's memory bound."""
 import json
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -18,9 +19,11 @@ def test_a_document_is_read_in_any_encoding_json_loads_detects(encoding):
 
 
 def test_an_integer_past_4300_digits_reads_as_infinity_not_a_refusal_of_the_document():
+    # Python before 3.9.14 has no digit limit: there it is read as it is.
+    big = float("inf") if hasattr(sys, "get_int_max_str_digits") else int("9" * 5000)
     assert loads(b'[{"id": "m1", "n": ' + b"9" * 5000 + b'}, {"id": "m2", "n": -' + b"9" * 5000 + b"}]") == [
-        {"id": "m1", "n": float("inf")},
-        {"id": "m2", "n": float("-inf")},
+        {"id": "m1", "n": big},
+        {"id": "m2", "n": -big},
     ]
 
 

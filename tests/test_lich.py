@@ -8,6 +8,7 @@ import json
 import os
 import re
 import socket
+import sys
 import threading
 import tracemalloc
 from urllib.parse import quote, quote_plus
@@ -283,7 +284,8 @@ NOT_HTTP = {
     "bad-gzip": (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nabcd", "lich's answer could not be decoded"),
     "negative-chunk-size": (
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-ffffffffffffffffffff\r\n[]\r\n0\r\n\r\n",
-        "the exchange with lich failed (OverflowError)",
+        # Python 3.9's http.client reads it as the end of the body.
+        "the exchange with lich failed (OverflowError)" if sys.version_info >= (3, 10) else "lich's answer broke off",
     ),
 }
 
@@ -339,6 +341,7 @@ def test_where_the_owner_cannot_be_told_the_token_goes(server, monkeypatch):
     client.close()
 
 
+@POSIX_OWNER
 @pytest.mark.parametrize("host, family", [("127.0.0.1", socket.AF_INET), ("0.0.0.0", socket.AF_INET), ("::", socket.AF_INET6)])
 def test_the_owner_is_found_whichever_listener_takes_the_connection(host, family):
     if family == socket.AF_INET6 and not socket.has_dualstack_ipv6():

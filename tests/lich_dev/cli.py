@@ -72,6 +72,10 @@ def remove_runtime(path: str) -> None:
 
 def _alive(pid) -> bool:
     try:
+        if os.name == "nt":  # os.kill(pid, 0) there is TerminateProcess
+            from lich_control import windows
+
+            return not windows.Process(int(pid)).ended(0)
         os.kill(int(pid), 0)
     except (OSError, ValueError, TypeError):
         return False
@@ -194,7 +198,7 @@ def serve(args) -> int:
     except (OSError, ValueError):
         pass
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK") if hasattr(signal, name)):
         signal.signal(sig, lambda signum, frame: stop.set())
     try:
         lich = StubLich(token=args.token, port=args.port or 0, hold=args.hold)
