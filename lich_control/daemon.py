@@ -210,7 +210,7 @@ def run(config: Config, parent: Optional[int], host: Optional[str] = None, simul
 
         watch = lifeline(parent, daemon.request_stop, server, on_lost=daemon.crashed)
         if not simulated:
-            engine.hello(listener.hello())
+            engine.hello(listener.address.hello())
         watch.start()
         daemon.start()
         daemon.wait()

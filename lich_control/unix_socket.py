@@ -60,7 +60,7 @@ class UnixListener:
     secret: Optional[str] = None
 
     def __init__(self, path: str):
-        self.path = path
+        self.path = self.server_address = path
 
     def bind(self, server: "BridgeServer") -> None:
         """What is at the path is removed only if it is a socket (an earlier
@@ -77,9 +77,6 @@ class UnixListener:
         finally:
             os.umask(old)
         self._bound = os.lstat(self.path)
-
-    def hello(self) -> dict:
-        return {"socket": self.path}
 
     @property
     def address(self) -> "Address":
@@ -108,6 +105,7 @@ class LoopbackListener:
     It holds the bridge's secret, never lich's token."""
 
     family = socket.AF_INET
+    server_address = ("127.0.0.1", 0)
 
     def __init__(self, path: str):
         self.path = path
@@ -124,9 +122,6 @@ class LoopbackListener:
         fd = open_file(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with open(fd, "w", encoding="ascii") as out:
             json.dump({"pid": os.getpid(), "port": self.port, "secret": self.secret}, out)
-
-    def hello(self) -> dict:
-        return {"port": self.port, "secret": self.secret}
 
     @property
     def address(self) -> "Address":
@@ -157,8 +152,7 @@ class BridgeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
     def __init__(self, listener, routes: Routes, idle_seconds: float = IDLE_SECONDS):
         self.address_family = listener.family
-        address = listener.path if listener.family != socket.AF_INET else ("127.0.0.1", 0)
-        super().__init__(address, _Handler, bind_and_activate=False)
+        super().__init__(listener.server_address, _Handler, bind_and_activate=False)
         self.listener = listener
         self.routes = routes
         self.idle_seconds = idle_seconds
@@ -191,7 +185,11 @@ class BridgeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         """The accepting thread: a blocking `handle_request` at a time, where
         `serve_forever` would wake twice a second; it ends once closed."""
         while not self._closing.is_set():
-            self.handle_request()
+            try:
+                self.handle_request()
+            except OSError:  # Windows: the socket closed under its select
+                if not self._closing.is_set():
+                    raise
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # What a connection's handler did not answer: the relay hung up, or
@@ -308,6 +306,10 @@ class Address:
     socket: Optional[str] = None
     port: Optional[int] = None
     secret: Optional[str] = attrs.field(default=None, repr=False)
+
+    def hello(self) -> dict:
+        """This address as the hello line gives it to the relay."""
+        return {"socket": self.socket} if self.socket is not None else {"port": self.port, "secret": self.secret}
 
     @classmethod
     def of(cls, doc: dict) -> "Address":

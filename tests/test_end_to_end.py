@@ -3,10 +3,16 @@ test plays the relay: tests/relay.py) and real loopback HTTP to the
 development lich. One test per kind, the order rules, a lich restart, the
 404 and the backoff once in real time. Each unit's own rules are its unit
 test's; waits are condition waits with deadlines."""
+import json
+import os
+
+import attrs
+
+from lich_control import status_cli as statuscli
 from lich_dev.lich import Answer, StubLich
 
 from fakes import RawAnswer
-from relay import started
+from relay import daemon_request, started
 
 PROMPT = {"id": "m1", "kind": "prompt", "text": "run the tests"}
 REWIND = {"id": "m12", "kind": "rewind"}
@@ -157,3 +163,25 @@ def test_a_failed_poll_backs_off_about_a_second_then_a_200_resets(relay, lich):
     lich.record.wait_acks(1)
     poll = r.status()["poll"]
     assert (poll["state"], poll["backoff"], poll["failures"]) == ("polling", 0, 1)
+
+
+# -- Windows' bridge on this system ----------------------------------------------------
+
+
+def test_over_loopback_tcp_a_command_goes_round_and_a_request_without_the_secret_is_refused(relay, lich, run_dir):
+    r = started(relay, lich, module="lich_dev.loopback_daemon")
+    assert "socket" not in r.hello and r.hello["port"] > 0
+    with open(os.path.join(run_dir, "s1.address")) as file:
+        assert json.load(file) == {"pid": r.proc.pid, "port": r.hello["port"], "secret": r.hello["secret"]}
+    lich.queue_all("s1", [PROMPT])
+    call = r.next_call()
+    assert daemon_request(attrs.evolve(r.address, secret="wrong"), "POST", "/v1/result", json.dumps({"id": call["id"], "ok": True}).encode())[0] == 403
+    r.event("turn.start", "t1")
+    r.result(call["id"], {"text": "run the tests"})
+    assert lich.record.ack_for("m1") == {"session_id": "s1", "id": "m1", "kind": "prompt", "ok": True}
+    assert statuscli.ask(os.path.join(run_dir, "s1.address")).status["daemon"]["session_id"] == "s1"  # lich-mod-status's way in
+    r.stop()  # on Windows a kill, which leaves the file for the next daemon to replace
+    assert os.name == "nt" or not os.path.exists(os.path.join(run_dir, "s1.address"))
+    with open(os.path.join(run_dir, "s1.log"), encoding="utf-8") as file:
+        log = file.read()
+    assert "refused POST /v1/result on the bridge: a wrong secret" in log and r.hello["secret"] not in log

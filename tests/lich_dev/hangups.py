@@ -102,5 +102,5 @@ def _peer_gone(sock: socket.socket) -> bool:
     try:
         # select first, then a peek that cannot wait (no MSG_DONTWAIT on Windows).
         return bool(select.select([sock], [], [], 0)[0]) and sock.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
+    except (OSError, ValueError):  # ValueError: closed meanwhile (select takes no fd -1)
         return True

@@ -1,0 +1,15 @@
+"""The daemon with Windows' bridge (loopback TCP behind its secret, an
+address file) on this system, so the end-to-end tests run that path on
+Linux too: `python -m lich_dev.loopback_daemon` as the relay would start
+`lich_control.daemon`. Only the choice of listener differs."""
+import sys
+
+from lich_control import config, unix_socket
+
+config.ADDRESS = "address"  # read by the daemon as it is imported below
+unix_socket.listener_at = unix_socket.LoopbackListener
+
+from lich_control.daemon import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
