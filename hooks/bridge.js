@@ -5,7 +5,13 @@
 // turn events in order, holds the overrides it set, and restarts it when it
 // dies. Written for neither host: no Node (a Claude Code mod has none) and
 // no `$` (opencode has none); each relay hands in how its host runs the
-// daemon, performs a call, posts on a Unix socket, tells time and logs.
+// daemon, performs a call, posts to the daemon, tells time and logs.
+//
+// Where the daemon listens is its hello's to say, as an address: {socket}, a
+// Unix socket (Linux, macOS), or {port, secret}, loopback TCP where there are
+// no Unix sockets (Windows: Claude Code's $.http.fetch takes no named pipe),
+// every request carrying the secret in SECRET_HEADER. The secret lives in
+// that address alone: no log line and no error text carries it.
 
 const RESTARTS = 5
 const FIRST_DELAY_MS = 1000
@@ -27,10 +33,12 @@ const RETRY_PAUSE_MS = 250
 // those past it are refused (connect EAGAIN, write EPIPE).
 const POSTS_AT_ONCE = 8
 export const NO_OVERRIDES = { model: null, effort: null }
+// The header a loopback daemon checks each request's secret in (bridge.md).
+export const SECRET_HEADER = 'X-Lich-Control-Secret'
 
 export class Bridge {
   constructor() {
-    // Settles with the running daemon's socket once its hello arrives, or
+    // Settles with the running daemon's address once its hello arrives, or
     // with null once it is known that no daemon will run (again): posts
     // then drain at once instead of piling up behind a hello that never
     // comes. Each daemon's life is one of these.
@@ -52,7 +60,8 @@ export class Bridge {
   //   run(onLine)            runs the daemon once to its end, each stdout line
   //                          to onLine; resolves {code, signal} or {error}, never rejects
   //   invoke(method, args)   performs a call of the daemon on the host
-  //   send(socket, path, body)  one POST on the daemon's socket: {status, text}
+  //   send(address, path, body)  one POST to the daemon at `address` (its
+  //                          hello's: {socket} or {port, secret}): {status, text}
   //   now(), sleep(ms)       the host's clock (now may give undefined)
   //   log(level, text)       a line for whoever debugs the relay
   //   stopped()              (optional) true once the relay is being unloaded
@@ -64,7 +73,7 @@ export class Bridge {
       // Not awaited: the daemon starts the moment serve() is called.
       const began = host.now()
       const end = await host.run(line => this.#receive(line))
-      // Its socket went with it: what comes next waits for the next hello.
+      // Its address went with it: what comes next waits for the next hello.
       if (this.daemon.value !== undefined) this.daemon = deferred()
       this.overrides = NO_OVERRIDES
       if (host.stopped?.() || end.code === 0) break
@@ -110,6 +119,8 @@ export class Bridge {
   }
 
   #receive(line) {
+    // A Windows daemon's text-mode stdout ends each line with \r\n.
+    line = line.replace(/\r$/, '')
     if (!line.trim()) return
     let message
     try {
@@ -118,15 +129,17 @@ export class Bridge {
       this.host.log('warn', `the daemon wrote a line that is not JSON (${line.length} chars)`)
       return
     }
-    // Without a socket path a post would go out over TCP: such a hello is no hello.
-    if (message?.op === 'hello' && typeof message.socket === 'string' && message.socket) {
-      this.host.log('info', `the daemon ${message.pid} (${message.version}, protocol ${message.protocol}) listens on ${message.socket}`)
-      this.daemon.settle(message.socket)
+    const address = message?.op === 'hello' ? addressOf(message) : null
+    if (address !== null) {
+      this.host.log('info', `the daemon ${message.pid} (${message.version}, protocol ${message.protocol}) listens on ${address.socket ?? `127.0.0.1:${address.port}`}`)
+      this.daemon.settle(address)
       // A daemon started mid-turn (a restart) would not know the turn to abort.
       if (this.turn !== null && this.turn.sentTo !== this.daemon) {
         this.turn.sentTo = this.daemon
         this.#forward('turn.start', this.turn.id)
       }
+    } else if (message?.op === 'hello') {
+      this.host.log('warn', 'the daemon said hello without a socket, nor a port and a secret: nothing can be posted to it')
     } else if (message?.op === 'call') {
       void this.#perform(message, this.daemon)
     } else {
@@ -160,7 +173,7 @@ export class Bridge {
     })()
   }
 
-  // Waits for the daemon's socket and a free slot, then posts; never
+  // Waits for the daemon's address and a free slot, then posts; never
   // throws. A post that failed on the way is sent again to the same daemon
   // after a pause, keeping its slot: the daemon closes a kept-alive
   // connection it finds idle at its limit, and a post written to it at that
@@ -169,13 +182,13 @@ export class Bridge {
   // a call already settled, and the turn events are idempotent.
   async #post(path, body) {
     const life = this.daemon
-    const socketPath = await life.promise
-    if (socketPath === null) return
+    const address = await life.promise
+    if (address === null) return
     await this.posting.acquire()
     try {
       for (let attempt = 1; ; attempt++) {
         try {
-          const { status, text } = await this.host.send(socketPath, path, body)
+          const { status, text } = await this.host.send(address, path, body)
           if (status < 200 || status >= 300) this.host.log('warn', `the daemon answered ${status} to ${path}: ${text.trim()}`)
           return
         } catch (err) {
@@ -213,6 +226,15 @@ class Semaphore {
     if (next) next()
     else this.free += 1
   }
+}
+
+// Where a hello says the daemon listens: {socket}, or {port, secret}; null
+// for a hello that names neither whole. Without a socket path or a port a
+// post would have nowhere to go; without the secret every one would be refused.
+function addressOf({ socket, port, secret }) {
+  if (typeof socket === 'string' && socket) return { socket }
+  if (Number.isInteger(port) && port > 0 && port < 65536 && typeof secret === 'string' && secret) return { port, secret }
+  return null
 }
 
 // hooks/lich_runtime.py's answer, its last line on stdout (the script's

@@ -2,8 +2,8 @@
 """The daemon's own Python: a private virtual environment in the plugin's data folder.
 
 A relay (the Claude Code mod, and any other host's) runs this with the
-system's `python3` before it starts the daemon, unless the person named an
-interpreter:
+system's `python3` (on Windows `py -3`, else `python`) before it starts the
+daemon, unless the person named an interpreter:
 
     python3 hooks/lich_runtime.py [--data DIR]
 
@@ -18,6 +18,7 @@ build, then its result as the last:
 
     {"building": "DIR/env-0.1.0-1a2b3c4d5e6f"}
     {"ok": true, "python": "DIR/env-0.1.0-1a2b3c4d5e6f/bin/python", "built": false}
+                                        (on Windows: ...\\Scripts\\python.exe)
     {"ok": false, "error": "one line: what went wrong and what to do",
      "problem": "what went wrong", "command": "the command that tries again"}
 
@@ -50,17 +51,24 @@ import sys
 import tempfile
 import time
 
+WINDOWS = os.name == "nt"
+
 try:
     import fcntl
-except ImportError:  # not a POSIX system
+except ImportError:  # Windows: msvcrt's locking instead
     fcntl = None
+try:
+    import msvcrt
+except ImportError:
+    msvcrt = None
 
-try:  # Linux's prctl, for a child's death signal
-    import ctypes
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _prctl = getattr(_libc, "prctl", None)
-except (ImportError, OSError):
-    _prctl = None
+_prctl = None
+if sys.platform.startswith("linux"):  # Linux's prctl, for a child's death signal
+    try:
+        import ctypes
+        _prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    except (ImportError, OSError):
+        pass
 PR_SET_PDEATHSIG = 1
 
 # Where the relay puts the chosen interpreter for the session's own commands
@@ -263,6 +271,9 @@ class Runtime:
         code, text = self.run_captured([self.python, "-m", "venv", "--without-pip", env])
         if code == 0:
             return
+        if ("No module named venv" in text or "ensurepip" in text) and WINDOWS:
+            raise SetupFailed("{} has no venv module (the embeddable package has none: install Python from python.org)".format(
+                self.python), "python has no venv module (install Python from python.org)")
         if "No module named venv" in text or "ensurepip" in text:
             raise SetupFailed("{} has no venv module (on Debian and Ubuntu: apt install python3-venv)".format(self.python),
                               "python3 has no venv module (on Debian and Ubuntu: apt install python3-venv)")
@@ -364,21 +375,59 @@ class _Lock:
         self.say = say
 
     def __enter__(self):
-        if fcntl is None:
-            raise SetupFailed("this setup needs a POSIX system (Linux or macOS)")
         self.file = open(self.path, "a")
         self.waited = False
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not try_lock(self.file):
             self.say("another session is setting the environment up; waiting for it")
-            fcntl.flock(self.file, fcntl.LOCK_EX)
+            wait_lock(self.file)
             self.waited = True
         return self
 
     def __exit__(self, *exc):
-        fcntl.flock(self.file, fcntl.LOCK_UN)
+        unlock(self.file)
         self.file.close()
+
+
+# The lock of a file: flock on POSIX; on Windows msvcrt's lock of its first
+# byte (LockFile), which another process cannot take either, and which goes
+# with the process that holds it.
+
+
+def try_lock(f, shared=False):
+    """Takes the lock if no other run holds it: whether it did."""
+    if fcntl is None:
+        f.seek(0)
+        try:
+            msvcrt.locking(f.fileno(), msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+    try:
+        fcntl.flock(f, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def wait_lock(f):
+    if fcntl is not None:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        return
+    while True:
+        f.seek(0)
+        try:  # LK_LOCK tries once a second for ten seconds, then gives up
+            msvcrt.locking(f.fileno(), msvcrt.LK_LOCK, 1)
+            return
+        except OSError:
+            continue
+
+
+def unlock(f):
+    if fcntl is None:
+        f.seek(0)
+        msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
+    else:
+        fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # --- the build's children ----------------------------------------------------
@@ -395,7 +444,9 @@ def run_child(argv, hold=None, **kwargs):
     on Linux the kernel kills it too when the setup dies any other way; and it
     holds the descriptor `hold` (the setup's lock) while it lives, so a build
     that outlives its setup still holds the lock, and the next build waits for
-    it instead of removing what it writes into."""
+    it instead of removing what it writes into. On Windows: windows_child."""
+    if WINDOWS:
+        return windows_child(argv, **kwargs)
     parent = os.getpid()
 
     def in_the_child():
@@ -418,6 +469,64 @@ def run_child(argv, hold=None, **kwargs):
         _running.discard(child.pid)
 
 
+def windows_child(argv, **kwargs):
+    """run_child on Windows, which has no process groups, death signals or
+    descriptors to hand on, and where a relay stops the setup outright
+    (TerminateProcess: no handler runs). The child, and what it starts, go
+    in a job object of the setup's that kills them all once its last handle
+    closes: when the setup ends, however it ends. What the child starts
+    before it is put there (the moment after its creation) is not; venv and
+    pip start nothing that soon. The lock goes with the setup: a next build
+    finds it free only once the job has ended this one's children."""
+    child = subprocess.Popen(argv, stderr=subprocess.STDOUT, env=child_env(), **kwargs)
+    _job().assign(child)
+    return child.wait()
+
+
+class _Job:
+    """A Windows job object that kills its processes once the last handle to it closes (the setup's, at its end)."""
+
+    KILL_ON_JOB_CLOSE = 0x2000
+    EXTENDED_LIMIT_INFORMATION = 9
+
+    def __init__(self):
+        import ctypes
+        from ctypes import wintypes
+
+        class Limits(ctypes.Structure):  # JOBOBJECT_EXTENDED_LIMIT_INFORMATION, of which only LimitFlags is set
+            _fields_ = [("PerProcessUserTimeLimit", ctypes.c_int64), ("PerJobUserTimeLimit", ctypes.c_int64),
+                        ("LimitFlags", wintypes.DWORD), ("MinimumWorkingSetSize", ctypes.c_size_t),
+                        ("MaximumWorkingSetSize", ctypes.c_size_t), ("ActiveProcessLimit", wintypes.DWORD),
+                        ("Affinity", ctypes.c_size_t), ("PriorityClass", wintypes.DWORD),
+                        ("SchedulingClass", wintypes.DWORD), ("IoCounters", ctypes.c_uint64 * 6),
+                        ("ProcessMemoryLimit", ctypes.c_size_t), ("JobMemoryLimit", ctypes.c_size_t),
+                        ("PeakProcessMemoryUsed", ctypes.c_size_t), ("PeakJobMemoryUsed", ctypes.c_size_t)]
+
+        self._kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+        self._kernel32.CreateJobObjectW.restype = wintypes.HANDLE
+        self._kernel32.AssignProcessToJobObject.argtypes = [wintypes.HANDLE, wintypes.HANDLE]
+        self.handle = self._kernel32.CreateJobObjectW(None, None)
+        limits = Limits(LimitFlags=self.KILL_ON_JOB_CLOSE)
+        if not self.handle or not self._kernel32.SetInformationJobObject(
+                wintypes.HANDLE(self.handle), self.EXTENDED_LIMIT_INFORMATION, ctypes.byref(limits), ctypes.sizeof(limits)):
+            raise SetupFailed("a job object for the build's processes could not be made ({})".format(
+                ctypes.FormatError(ctypes.get_last_error())))
+
+    def assign(self, child):
+        """Puts the child in the job; one that cannot be (gone already) is left to end as it does."""
+        self._kernel32.AssignProcessToJobObject(self.handle, int(child._handle))
+
+
+_JOBS = []
+
+
+def _job():
+    """The setup's one job object, made at its first child."""
+    if not _JOBS:
+        _JOBS.append(_Job())
+    return _JOBS[0]
+
+
 def kill_group(group):
     try:
         os.killpg(group, signal.SIGKILL)
@@ -432,8 +541,10 @@ def end_with_signals():
             kill_group(group)
         sys.exit(128 + signum)
 
-    for name in ("SIGTERM", "SIGHUP", "SIGINT"):
-        signal.signal(getattr(signal, name), ended)
+    # Those this system has: Windows has no SIGHUP, and its SIGBREAK is Ctrl-Break.
+    for name in ("SIGTERM", "SIGHUP", "SIGINT", "SIGBREAK"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), ended)
 
 
 def built_at(env):
@@ -445,11 +556,13 @@ def built_at(env):
 
 
 def env_python(env):
-    return os.path.join(env, "bin", "python")
+    return os.path.join(env, "Scripts", "python.exe") if WINDOWS else os.path.join(env, "bin", "python")
 
 
 def env_site_packages(env):
     """Where a virtual environment made by this interpreter keeps its packages (venv's own layout)."""
+    if WINDOWS:
+        return os.path.join(env, "Lib", "site-packages")
     return os.path.join(env, "lib", "python{}.{}".format(*sys.version_info[:2]), "site-packages")
 
 
@@ -566,8 +679,13 @@ def failure_line(problem, data=None):
 
 
 def retry_command(data):
-    """The command that builds the environment in `data`, as a shell takes it."""
-    return " ".join(shlex.quote(part) for part in [sys.executable, os.path.join(HERE, "lich_runtime.py"), "--data", data])
+    """The command that builds the environment in `data`, as a shell takes it:
+    on Windows as cmd takes it, each part with a space in double quotes
+    (PowerShell takes it too, with `& ` before it when the first part is quoted)."""
+    argv = [sys.executable, os.path.join(HERE, "lich_runtime.py"), "--data", data]
+    if WINDOWS:
+        return subprocess.list2cmdline(argv)
+    return " ".join(shlex.quote(part) for part in argv)
 
 
 # --- for the bin/ tools -------------------------------------------------------
@@ -618,18 +736,17 @@ def setup_states(environ=os.environ):
 def lock_held(path):
     """Whether a run holds the setup's lock: a build is running (a crashed one
     leaves its records, never its lock)."""
-    if fcntl is None:
-        return False
     try:
         f = open(path)
     except OSError:
         return False
     with f:
         try:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            if not try_lock(f, shared=True):
+                return True
         except OSError:
             return True
-        fcntl.flock(f, fcntl.LOCK_UN)
+        unlock(f)
     return False
 
 
@@ -689,6 +806,8 @@ def reexec(script, argv=None):
         return
     os.environ[REEXEC_GUARD] = "1"
     args = sys.argv[1:] if argv is None else argv
+    if WINDOWS:  # whose execv starts a new process and ends this one: the shell would not wait for it
+        sys.exit(subprocess.call([python, script] + list(args)))
     os.execv(python, [python, script] + list(args))
 
 

@@ -4,11 +4,14 @@
 // Only a mod reaches `$`, so this half has to live inside Claude Code; what
 // does not need `$` is bridge.js, which the opencode relay shares.
 
-import { Bridge, describe, messageOf, setupResult } from './bridge.js'
+import { Bridge, SECRET_HEADER, describe, messageOf, setupResult } from './bridge.js'
 
 // Builds the daemon's private Python environment and names its interpreter
-// (the script's own docstring has the protocol); run with the system's python3.
+// (the script's own docstring has the protocol); run with the system's
+// Python: python3, or on Windows, where no python3 is installed, the py
+// launcher python.org's installer puts on PATH, else a python on PATH.
 const SETUP = 'hooks/lich_runtime.py'
+const SYSTEM_PYTHONS = { posix: [['python3']], windows: [['py', '-3'], ['python']] }
 // lich's own plugin, by the name it installs under (lich@<marketplace>).
 const LICH_PLUGIN = 'lich'
 // A Windows path: a drive letter, then a backslash (or a slash).
@@ -60,18 +63,18 @@ async function supervise($, isInteractive) {
     if (!isInteractive || !(await insideLich($))) return
     // Asked all at once: each is a round trip to Claude Code's worker, and
     // the daemon's start waits on the last of them.
-    const [runsHere, otherPolls, env, named] = await Promise.all([
-      daemonRunsHere($),
+    const [windows, otherPolls, env, named] = await Promise.all([
+      onWindows($),
       lichPluginPolls($),
       hookEnv($),
       namedPython($),
     ])
-    if (!runsHere || otherPolls) return
+    if (otherPolls) return
     // A line an earlier load of this module pinned (before /reload-plugins)
     // stays on screen until replaced: taken away first.
     shown = true
     show($, undefined)
-    const python = named ?? (await setUp($, env))
+    const python = named ?? (await setUp($, env, SYSTEM_PYTHONS[windows ? 'windows' : 'posix']))
     if (python === null) return
     // Every command the session runs after inherits it: bin/lich-mod-status
     // on its PATH finds the daemon's interpreter there.
@@ -154,18 +157,13 @@ async function insideLich($) {
   return Boolean(port && token && session)
 }
 
-// The daemon serves the bridge on a Unix socket and waits on its pipes with
-// select, which it cannot do on Windows yet: there it is not started, and
-// lich-plugin's in-process mod is what lich drives a session through.
-// Before 2.1.326 there is no $.session.info to say so: there the plugin's own
-// folder does, a drive letter and a backslash being Windows's alone (under
-// WSL, Linux to the daemon, it is a Linux path).
-async function daemonRunsHere($) {
+// Whether Claude Code runs on Windows, where the system's Python has
+// another name. Before 2.1.326 there is no $.session.info to say so: there
+// the plugin's own folder does, a drive letter and a backslash being
+// Windows's alone (under WSL, Linux to the daemon, it is a Linux path).
+async function onWindows($) {
   const info = await present(() => $.session.info()).catch(() => undefined)
-  const windows = info === LACKING ? WINDOWS_PATH.test($.plugin.root) : info?.platform === 'windows'
-  if (!windows) return true
-  log($, 'lich-control: the daemon does not run on Windows yet (it serves a Unix socket and waits on pipes with select), so nothing is started here; lich-plugin drives lich sessions on Windows (docs/install.md, "Windows")')
-  return false
+  return info === LACKING ? WINDOWS_PATH.test($.plugin.root) : info?.platform === 'windows'
 }
 
 // lich's own plugin (lich-plugin) carries a client of this same contract in
@@ -255,11 +253,12 @@ async function namedPython($) {
   return null
 }
 
-// Runs the setup script once, to its end, with the system's python3: each
-// line it writes on stderr is a step for the log, its last line on stdout
-// the result. The interpreter it names, or null after logging the one line
-// that says why there is none. Never throws.
-async function setUp($, env) {
+// Runs the setup script once, to its end, with the system's Python, the
+// first of `pythons` (each an argv head) that runs: each line it writes on
+// stderr is a step for the log, its last line on stdout the result. The
+// interpreter it names, or null after logging the one line that says why
+// there is none. Never throws.
+async function setUp($, env, pythons) {
   let stdout = ''
   const steps = lineReader(line => log($, `lich-control setup: ${line.trimEnd()}`))
   // Its first line on stdout, when it builds, says so ({"building": ...}).
@@ -267,18 +266,26 @@ async function setUp($, env) {
     if (!shown && line.includes('"building"')) show($, 'setting up Python for lich (first run)…')
   })
   let end
-  try {
-    const child = $.process.spawn({ argv: ['python3', `${$.plugin.root}/${SETUP}`], cwd: $.plugin.root, ...(env && { env }) })
-    for await (const { stream, text } of child) {
-      if (stream === 'stdout') {
-        stdout += text
-        told.push(text)
-      } else steps.push(text)
+  const failures = []
+  for (const python of pythons) {
+    try {
+      const child = $.process.spawn({ argv: [...python, `${$.plugin.root}/${SETUP}`], cwd: $.plugin.root, ...(env && { env }) })
+      for await (const { stream, text } of child) {
+        if (stream === 'stdout') {
+          stdout += text
+          told.push(text)
+        } else steps.push(text)
+      }
+      end = await child.result
+      break
+    } catch (err) {
+      failures.push(pythons.length > 1 ? `${python.join(' ')}: ${messageOf(err)}` : messageOf(err))
     }
-    end = await child.result
-  } catch (err) {
-    log($, `lich-control cannot set up its Python environment: python3 did not run (${messageOf(err)}). Install Python 3.9 or later, or set the plugin's python option to an interpreter that has lich-control installed (docs/install.md)`)
-    show($, `cannot set up Python for lich: python3 did not run (${messageOf(err)}). Install Python 3.9 or later, then /reload-plugins`)
+  }
+  if (end === undefined) {
+    const names = pythons.map(python => python.join(' ')).join(' nor ')
+    log($, `lich-control cannot set up its Python environment: ${names} did not run (${failures.join('; ')}). Install Python 3.9 or later, or set the plugin's python option to an interpreter that has lich-control installed (docs/install.md)`)
+    show($, `cannot set up Python for lich: ${names} did not run (${failures.join('; ')}). Install Python 3.9 or later, then /reload-plugins`)
     return null
   }
   steps.end()
@@ -325,7 +332,7 @@ function host($, python, env) {
   return {
     run: onLine => run($, request, onLine),
     invoke: (method, args) => invoke($, method, args),
-    send: (socketPath, path, body) => send($, socketPath, path, body),
+    send: (address, path, body) => send($, address, path, body),
     now: () => now($),
     sleep: ms => $.clock.sleep(ms).catch(() => undefined),
     log: (level, text) => log($, `lich-control: ${text}`),
@@ -396,12 +403,17 @@ async function invoke($, method, args) {
   }
 }
 
-async function send($, socketPath, path, body) {
-  const response = await $.http.fetch(`http://lich-control${path}`, {
+// To the daemon's Unix socket, or on Windows to its loopback port with its
+// secret (bridge.js, the address).
+async function send($, address, path, body) {
+  const { socket, port, secret } = address
+  const headers = { 'content-type': 'application/json', ...(secret !== undefined && { [SECRET_HEADER]: secret }) }
+  const url = socket === undefined ? `http://127.0.0.1:${port}${path}` : `http://lich-control${path}`
+  const response = await $.http.fetch(url, {
     method: 'POST',
-    headers: { 'content-type': 'application/json' },
+    headers,
     body: JSON.stringify(body),
-    socketPath,
+    ...(socket !== undefined && { socketPath: socket }),
   })
   return { status: response.status, text: response.text }
 }

@@ -1,5 +1,6 @@
 """The demo, run as `make demo` runs it: it must pass, show every kind's
 outcome, and leave no process or file behind."""
+import importlib.util
 import os
 import re
 import subprocess
@@ -55,6 +56,7 @@ def test_the_demo_passes_shows_every_kind_and_leaves_nothing_behind():
     assert not os.path.exists(run_dir)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("venv") is None, reason="this Python has no venv module (Windows's embeddable package)")
 def test_the_lines_make_run_prints_work_as_printed_where_python3_has_no_attrs(tmp_path):
     # The other terminal's python3: the standard library alone.
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=120)

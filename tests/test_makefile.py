@@ -9,6 +9,8 @@ import pytest
 
 from lich_dev.procs import ROOT
 
+pytestmark = pytest.mark.skipif(os.name == "nt", reason="make plugin-install is POSIX's (make, sh, a #! stand-in for claude)")
+
 FAKE_CLAUDE = """#!/bin/sh
 echo "$@" >> "$(dirname "$0")/asked"
 """

@@ -6,11 +6,10 @@ environment; its program is run as the relay runs it, with a Python that
 has no lich_control and a plugin folder that asks for more than it has.
 """
 import concurrent.futures
+import contextlib
 import importlib.util
 import json
 import os
-import fcntl
-import resource
 import select
 import shutil
 import signal
@@ -22,6 +21,17 @@ import pytest
 
 import lich_control
 from fakes import Clock
+
+WINDOWS = os.name == "nt"
+# Windows's embeddable package (the Windows Python CI runs under Wine) has none.
+NO_VENV = pytest.mark.skipif(importlib.util.find_spec("venv") is None, reason="this Python has no venv module")
+if WINDOWS:
+    import msvcrt
+
+    from lich_control import windows
+else:
+    import fcntl
+    import resource
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "hooks", "lich_runtime.py")
@@ -101,7 +111,7 @@ def test_the_first_run_clears_what_a_build_cut_short_left_builds_and_the_next_re
     python, built = setup.ensure()
     assert (python, built) == (runtime.env_python(env), True)
     assert sorted(os.listdir(data)) == sorted([os.path.basename(env), runtime.CURRENT, runtime.LOCK])
-    assert sorted(os.listdir(env)) == ["bin", runtime.STAMP]
+    assert sorted(os.listdir(env)) == sorted(["Scripts" if WINDOWS else "bin", runtime.STAMP])
     assert setup.ensure() == (python, False)
     assert setup.builds == 1
     assert runtime.read_json(os.path.join(data, runtime.CURRENT)) == {"python": python, "key": plugin.key(), "root": plugin.root}
@@ -251,7 +261,7 @@ def test_the_install_runs_the_cheapest_pip_there_is_and_copies_the_package_in(ne
     assert setup.ran == [
         ["/usr/bin/python3", "-m", "pip", "--python", runtime.env_python(env)] + tail,
         ["/opt/python/bin/python3", "-m", "pip", "--python", runtime.env_python(env)] + tail,
-        [runtime.env_python(env), "/lib/ensurepip/_bundled/pip-24.0-py3-none-any.whl/pip"] + tail,
+        [runtime.env_python(env), os.path.join("/lib/ensurepip/_bundled/pip-24.0-py3-none-any.whl", "pip")] + tail,
     ]
     with open(os.path.join(runtime.env_site_packages(env), "lich_control", "__init__.py")) as f:
         assert f.read() == "VALUE = 1\n"
@@ -279,6 +289,7 @@ def test_a_pip_that_fails_at_its_job_is_the_failure_and_no_other_is_tried(needin
     assert len(setup.ran) == 1
 
 
+@NO_VENV
 def test_a_real_build_of_a_package_that_needs_nothing_runs_no_pip_and_imports(tmp_path, data):
     # A real venv, offline: the package's own files copied in are what makes it run.
     plugin = make_plugin(str(tmp_path / "plugin"))
@@ -328,12 +339,19 @@ class SetupAtAStep:
         return self
 
     def __exit__(self, *exc):
-        runtime.kill_group(self.step)  # the step leads the group, and what it started is in it
+        if WINDOWS:
+            for pid in (self.step, self.started):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)  # TerminateProcess
+        else:
+            runtime.kill_group(self.step)  # the step leads the group, and what it started is in it
         self.process.stdout.close()
 
 
 def ends(pid, timeout=30):
     """Whether the process `pid` (not ours to wait for) ends within `timeout` seconds."""
+    if WINDOWS:
+        return windows.Process(pid).ended(timeout)
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -346,6 +364,14 @@ def ends(pid, timeout=30):
 
 def lock_is_free(path):
     with open(path, "a") as f:
+        if WINDOWS:
+            f.seek(0)
+            try:
+                msvcrt.locking(f.fileno(), msvcrt.LK_NBLCK, 1)
+            except OSError:
+                return False
+            msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
+            return True
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -353,9 +379,11 @@ def lock_is_free(path):
         return True
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, pytest.param(signal.SIGKILL, marks=pytest.mark.skipif(
-    runtime._prctl is None, reason="a child's death signal is Linux's (prctl)"))], ids=["SIGTERM", "SIGHUP", "SIGKILL"])
-def test_a_setup_that_ends_ends_its_build_step_and_frees_the_lock(data, signum):
+@pytest.mark.skipif(WINDOWS, reason="POSIX's signals; on Windows a relay ends the setup outright (the test below)")
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP", pytest.param("SIGKILL", marks=pytest.mark.skipif(
+    runtime._prctl is None, reason="a child's death signal is Linux's (prctl)"))])
+def test_a_setup_that_ends_ends_its_build_step_and_frees_the_lock(data, name):
+    signum = getattr(signal, name)
     with SetupAtAStep(data) as setup:
         setup.end(signum)
         assert ends(setup.step)
@@ -364,6 +392,17 @@ def test_a_setup_that_ends_ends_its_build_step_and_frees_the_lock(data, signum):
         assert lock_is_free(setup.lock)
 
 
+@pytest.mark.skipif(not WINDOWS, reason="Windows's job object; POSIX's process groups and death signal are tested above")
+def test_on_windows_a_setup_ended_outright_ends_its_build_step_what_that_started_and_the_lock(data):
+    with SetupAtAStep(data) as setup:
+        setup.process.kill()  # TerminateProcess: what a relay's kill() does there; no handler runs
+        setup.process.wait(30)
+        assert ends(setup.step)
+        assert ends(setup.started)
+        assert lock_is_free(setup.lock)
+
+
+@pytest.mark.skipif(WINDOWS, reason="the step holds the lock's descriptor on POSIX; on Windows the job ends the step with its setup")
 def test_a_build_step_that_outlives_its_setup_holds_the_lock_until_it_ends(data):
     # As on macOS, with no death signal: the next build must wait, not remove what it writes into.
     with SetupAtAStep(data, death_signal=False) as setup:
@@ -418,9 +457,16 @@ def test_the_command_a_failure_names_works_as_printed_in_a_shell(tmp_path):
     data = str(tmp_path / "data folder")
     _, result, _ = run_script(script, "--data", data)
     make_plugin(plugin.root)  # the cause mended
+    # /bin/sh, or on Windows cmd.exe, as a person's shell takes the line.
     done = subprocess.run(result["command"], shell=True, stdout=subprocess.PIPE, universal_newlines=True, timeout=120)
+    answer = json.loads(done.stdout.splitlines()[-1])
+    if importlib.util.find_spec("venv") is None:
+        # The shell gave the setup its script and its data folder whole: it got as far as the venv this Python lacks.
+        assert answer["problem"] == "python has no venv module (install Python from python.org)", answer
+        assert runtime.FAILURE in os.listdir(data)
+        return
     assert done.returncode == 0
-    assert json.loads(done.stdout.splitlines()[-1])["ok"] is True
+    assert answer["ok"] is True
 
 
 def test_the_program_with_no_data_folder_says_so_and_offers_no_retry(too_new):
@@ -450,10 +496,11 @@ def full_disk():
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
 
+@pytest.mark.skipif(WINDOWS, reason="a full disk is RLIMIT_FSIZE and a read-only folder its mode: POSIX's")
 @pytest.mark.parametrize("read_only, recorded", [
     pytest.param(False, True, id="full-recorded"),
     pytest.param(False, False, id="full-not-recorded"),
-    pytest.param(True, False, id="read-only", marks=pytest.mark.skipif(os.geteuid() == 0, reason=(
+    pytest.param(True, False, id="read-only", marks=pytest.mark.skipif(not WINDOWS and os.geteuid() == 0, reason=(
         "root writes into a folder whatever its mode; CI runs the suite again as an unprivileged user"))),
 ])
 def test_a_ready_environment_is_used_from_a_data_folder_it_cannot_write_into(ready, data, read_only, recorded):
@@ -501,6 +548,10 @@ def run_tool(tmp_path, tool, *args, **lich):
 @pytest.fixture
 def named(tmp_path):
     """An interpreter that has lich-control, as the relay names one."""
+    if WINDOWS:  # a batch file, which Windows runs by its name as it runs a program
+        named = tmp_path / "python.bat"
+        named.write_text('@"{}" %*\n'.format(sys.executable))
+        return str(named)
     named = tmp_path / "python"
     named.write_text('#!/bin/sh\nexec "{}" "$@"\n'.format(sys.executable))
     named.chmod(0o755)
@@ -578,3 +629,38 @@ def test_the_status_tool_with_no_environment_names_the_failure_and_the_command(k
     [line] = result.stdout.splitlines()
     assert "failed at" in line and "python3 has no venv module" in line
     assert line.endswith("To try again: {} {} --data {}".format(sys.executable, SCRIPT, kept))
+
+
+# --- Windows's ways ------------------------------------------------------------
+
+
+def test_the_setups_lock_shuts_out_another_process_until_it_is_released(data):
+    # flock on POSIX, msvcrt's byte lock on Windows: the status tool in another process sees a build running.
+    os.makedirs(data, exist_ok=True)
+    path = os.path.join(data, runtime.LOCK)
+    probe = "import sys; sys.path.insert(0, sys.argv[1]); import lich_runtime; print(lich_runtime.lock_held(sys.argv[2]))"
+
+    def held_elsewhere():
+        return subprocess.run([sys.executable, "-c", probe, os.path.dirname(SCRIPT), path], stdout=subprocess.PIPE,
+                              universal_newlines=True, timeout=60).stdout.strip()
+
+    with runtime._Lock(path, print):
+        assert held_elsewhere() == "True"
+    assert held_elsewhere() == "False"
+
+
+def test_on_windows_the_retry_command_is_quoted_as_cmd_reads_it(monkeypatch):
+    monkeypatch.setattr(runtime, "WINDOWS", True)
+    monkeypatch.setattr(runtime.sys, "executable", r"C:\Program Files\Python313\python.exe")
+    monkeypatch.setattr(runtime, "HERE", r"C:\Users\Ann Lee\plugins\lich-control\hooks")
+    script = os.path.join(runtime.HERE, "lich_runtime.py")
+    assert runtime.retry_command(r"C:\Users\Ann Lee\plugins\data\lich-control") == (
+        r'"C:\Program Files\Python313\python.exe" "{}" --data "C:\Users\Ann Lee\plugins\data\lich-control"'.format(script))
+
+
+def test_the_environments_interpreter_is_where_venv_puts_it_on_each_system(monkeypatch):
+    monkeypatch.setattr(runtime, "WINDOWS", True)
+    assert runtime.env_python("env") == os.path.join("env", "Scripts", "python.exe")
+    assert runtime.env_site_packages("env") == os.path.join("env", "Lib", "site-packages")
+    monkeypatch.setattr(runtime, "WINDOWS", False)
+    assert runtime.env_python("env") == os.path.join("env", "bin", "python")

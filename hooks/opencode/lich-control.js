@@ -19,7 +19,7 @@ import { isMainThread } from 'node:worker_threads'
 
 import { Bridge } from '../bridge.js'
 import { Calls } from './relay/calls.js'
-import { postOverSocket, runDaemon, setUp } from './relay/daemon.js'
+import { SYSTEM_PYTHONS, postToDaemon, runDaemon, setUp } from './relay/daemon.js'
 import { Sessions } from './relay/sessions.js'
 
 const VARIABLES = ['LICH_PORT', 'LICH_TOKEN', 'LICH_SESSION_ID']
@@ -28,8 +28,6 @@ const VARIABLES = ['LICH_PORT', 'LICH_TOKEN', 'LICH_SESSION_ID']
 const TUI_WORKER = /[\\/]cli[\\/]tui[\\/]worker\.[cm]?[jt]s$/
 // Requests opencode makes for itself, not for the conversation: no effort there.
 const OWN_AGENTS = new Set(['title', 'summary', 'compaction'])
-
-const WINDOWS = 'lich-control does not run on Windows (its daemon serves the relay on a Unix socket): nothing was started, and lich reaches this session as it does one with no relay'
 
 // One relay per opencode process, however many projects it opens; a reload
 // disposes it, and the plugin's next load starts another.
@@ -43,16 +41,11 @@ export default {
 // `where`: the process the plugin was loaded in, {env, argv, isMainThread, platform}.
 export async function plugin({ client }, options = {}, where) {
   if (running !== null || !insideLich(where)) return {}
-  // The daemon serves the bridge on a Unix socket and reads its pipes with
-  // select(), neither of which it has on Windows.
-  if (where.platform === 'win32') {
-    client.app?.log({ body: { service: 'lich-control', level: 'warn', message: WINDOWS } }).catch?.(() => {})
-    return {}
-  }
   const named = typeof options?.python === 'string' && options.python.trim() ? options.python.trim() : null
   const relay = (running = new Relay({
     client,
     python: named,
+    pythons: SYSTEM_PYTHONS[where.platform === 'win32' ? 'win32' : 'posix'],
     // opencode keeps no folder per plugin: this one is beside its own data.
     data: join(process.env.XDG_DATA_HOME || join(homedir(), '.local', 'share'), 'opencode', 'lich-control'),
     onStop: () => {
@@ -70,9 +63,10 @@ export function insideLich({ env, argv, isMainThread }) {
 }
 
 export class Relay {
-  constructor({ client, python = null, data, onStop = () => {}, spawn: launch = spawn, post = postOverSocket, sleep = delay, now = Date.now, abortSettleMs }) {
-    // `python` is the interpreter the person named; null: the private environment in `data`.
-    Object.assign(this, { client, python, data, onStop, launch, post, sleep, now })
+  constructor({ client, python = null, pythons = SYSTEM_PYTHONS.posix, data, onStop = () => {}, spawn: launch = spawn, post = postToDaemon, sleep = delay, now = Date.now, abortSettleMs }) {
+    // `python` is the interpreter the person named; null: the private
+    // environment in `data`, built by the first of `pythons` (the system's) that runs.
+    Object.assign(this, { client, python, pythons, data, onStop, launch, post, sleep, now })
     this.bridge = new Bridge()
     this.sessions = new Sessions({ client, bridge: this.bridge, sleep, log: this.log })
     this.calls = new Calls({ client, bridge: this.bridge, sessions: this.sessions, log: this.log, abortSettleMs })
@@ -88,6 +82,9 @@ export class Relay {
     this.stopped = true
     // A child whose spawn failed has no pid until its error is told, and
     // Node's kill() of it until then signals our own process group (kill(0)).
+    // On Windows there are no signals: kill() ends the daemon outright
+    // (TerminateProcess), and lich settles what it had in flight as it
+    // does for any daemon gone.
     if (this.child?.pid !== undefined) this.child.kill('SIGTERM')
     this.onStop()
   }
@@ -119,12 +116,12 @@ export class Relay {
   async #supervise() {
     const log = this.log
     // Off the hooks' back: the session goes on while an environment is built.
-    this.python ??= await setUp(this.launch, this.data, log)
+    this.python ??= await setUp(this.launch, this.data, log, this.pythons)
     if (this.python === null) return this.bridge.close()
     await this.bridge.serve({
       run: onLine => runDaemon(this.launch, this.python, { onLine, log, started: child => (this.child = child) }),
       invoke: (method, args) => this.calls.invoke(method, args),
-      send: (socketPath, path, body) => this.post(socketPath, path, body),
+      send: (address, path, body) => this.post(address, path, body),
       now: () => this.now(),
       sleep: ms => this.sleep(ms),
       log,

@@ -94,9 +94,11 @@ function world(answers = {}, options = {}) {
     client,
     python: options.python === undefined ? '/venv/bin/python' : options.python,
     data: '/data/opencode/lich-control',
+    ...(options.pythons && { pythons: options.pythons }),
     spawn: (command, args, spawnOptions) => {
       spawned.push({ command, args, cwd: spawnOptions.cwd, env: spawnOptions.env })
-      if (String(args[0]).endsWith('lich_runtime.py')) {
+      if (options.missing?.includes(command)) throw Object.assign(new Error(`spawn ${command} ENOENT`), { code: 'ENOENT' })
+      if (args.some(arg => String(arg).endsWith('lich_runtime.py'))) {
         return new FakeSetup(options.setup ?? { ok: true, python: '/data/env/bin/python', built: true }, options.steps)
       }
       const daemon = new FakeDaemon()
@@ -104,8 +106,8 @@ function world(answers = {}, options = {}) {
       daemons.push(daemon)
       return daemon
     },
-    post: async (socketPath, path, body) => {
-      posts.push({ socketPath, path, body })
+    post: async (address, path, body) => {
+      posts.push({ socketPath: address.socket, address, path, body })
       if (holding) await new Promise(answer => held.push(answer))
       if (failing > 0) {
         failing -= 1
@@ -180,21 +182,16 @@ test('the gate opens only with all three variables in the interactive TUI', () =
   assert.equal(insideLich({ env: LICH, argv: TUI.argv, isMainThread: true }), false)
 })
 
-test('outside the TUI the plugin starts nothing; on Windows neither, and says so in one line', async () => {
+test('outside the TUI the plugin starts nothing; inside it, on Linux and Windows alike, the relay', async () => {
   assert.equal(lichControl.id, 'lich-control')
   assert.deepEqual(await lichControl.server({ client: fakeClient() }, {}), {})
-  // An interpreter that is not there: should a relay start, it runs nothing.
+  // An interpreter that is not there: the relay runs nothing.
   const options = { python: '/nonexistent/python' }
-  const client = fakeClient()
-  assert.deepEqual(await plugin({ client }, options, { env: LICH, ...TUI, platform: 'win32' }), {})
-  assert.deepEqual(client.named('app.log').map(c => [c.options.body.level, c.options.body.message]), [
-    ['warn', 'lich-control does not run on Windows (its daemon serves the relay on a Unix socket): nothing was started, and lich reaches this session as it does one with no relay'],
-  ])
-  assert.deepEqual(client.calls.map(c => c.name), ['app.log'])
-  // Elsewhere the same process gets the relay.
-  const hooks = await plugin({ client: fakeClient() }, options, { env: LICH, ...TUI, platform: 'linux' })
-  assert.equal(typeof hooks['chat.message'], 'function')
-  await hooks.dispose()
+  for (const platform of ['linux', 'win32']) {
+    const hooks = await plugin({ client: fakeClient() }, options, { env: LICH, ...TUI, platform })
+    assert.equal(typeof hooks['chat.message'], 'function', platform)
+    await hooks.dispose()
+  }
 })
 
 // -- the daemon -----------------------------------------------------------
@@ -623,5 +620,58 @@ test('a burst of 1,200 results settling at once reaches the daemon whole', async
   } finally {
     w.relay.stop()
     await socket.close()
+  }
+})
+
+// -- Windows --------------------------------------------------------------
+
+test('on Windows the setup runs with the py launcher, else with python on PATH, else one line names both', async () => {
+  const WINDOWS = [['py', '-3'], ['python']]
+  const launcher = world({}, { python: null, pythons: WINDOWS })
+  await until(() => launcher.daemons.length === 1)
+  assert.deepEqual(launcher.spawned[0].command, 'py')
+  assert.deepEqual(launcher.spawned[0].args.slice(0, 1), ['-3'])
+
+  const path = world({}, { python: null, pythons: WINDOWS, missing: ['py'] })
+  await until(() => path.daemons.length === 1)
+  assert.deepEqual(path.spawned.map(s => s.command), ['py', 'python', '/data/env/bin/python'])
+
+  const neither = world({}, { python: null, pythons: WINDOWS, missing: ['py', 'python'] })
+  await until(() => neither.logs().length === 1)
+  assert.match(neither.logs()[0], /^lich-control: cannot set up its Python environment: py -3 nor python did not run \(py -3: spawn py ENOENT; python: spawn python ENOENT\)/)
+  assert.equal(neither.daemons.length, 0)
+})
+
+// A Windows daemon's bridge as the relay meets it: HTTP on loopback TCP that
+// answers 204 to a post carrying the secret, 403 to any other.
+async function loopbackDaemon(secret) {
+  const { createServer } = await import('node:http')
+  const seen = []
+  const server = createServer((req, res) => {
+    let text = ''
+    req.setEncoding('utf8').on('data', chunk => (text += chunk)).on('end', () => {
+      const allowed = req.headers['x-lich-control-secret'] === secret
+      seen.push({ path: req.url, allowed, body: JSON.parse(text) })
+      res.writeHead(allowed ? 204 : 403).end(allowed ? undefined : 'the bridge\'s secret is missing or wrong\n')
+    })
+  })
+  await new Promise(ready => server.listen({ host: '127.0.0.1', port: 0 }, ready))
+  return { port: server.address().port, seen, close: () => new Promise(done => server.close(done)) }
+}
+
+test('a hello with a port and a secret (a Windows daemon, lines ended \\r\\n): posts go to that port carrying the secret, which no log line holds', async () => {
+  const SECRET = 'bridge-secret-7c1e'
+  const daemon = await loopbackDaemon(SECRET)
+  const w = world({}, { realSocket: true, hello: false })
+  try {
+    w.daemon().stdout.write(JSON.stringify({ op: 'hello', protocol: 1, pid: 7, port: daemon.port, secret: SECRET, version: '0.1.0' }) + '\r\n')
+    w.daemon().stdout.write(JSON.stringify({ op: 'call', id: 'c1', method: 'overrides.set', args: { model: null, effort: 'high' } }) + '\r\n')
+    await until(() => daemon.seen.length === 1)
+    assert.deepEqual(daemon.seen, [{ path: '/v1/result', allowed: true, body: { id: 'c1', ok: true, value: null } }])
+    assert.ok(w.logs().includes(`lich-control: the daemon 7 (0.1.0, protocol 1) listens on 127.0.0.1:${daemon.port}`), w.logs().join('\n'))
+    assert.deepEqual(w.logs().filter(m => m.includes(SECRET)), [])
+  } finally {
+    w.relay.stop()
+    await daemon.close()
   }
 })

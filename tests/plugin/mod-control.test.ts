@@ -396,17 +396,71 @@ describe('next to lich-plugin', () => {
 })
 
 describe('Windows', () => {
-  test('on Windows nothing is started, and one line says so', async ($, on) => {
-    const world = await started($, on, { platform: 'windows' })
-    await world.untilLogged('the daemon does not run on Windows yet')
-    await world.clock.settle()
-    expect(world.setups).toHaveLength(0)
-    expect(world.children).toHaveLength(0)
-    expect(world.logs.filter(line => line.startsWith('lich-control'))).toHaveLength(1)
+  const PORT = 50123
+  const BRIDGE_SECRET = 'bridge-secret-4f9a'
+
+  test('the setup runs with the py launcher, the daemon from what it names', async ($, on) => {
+    const world = await spawnedWith($, on, { platform: 'windows' })
+    expect(world.setups.map(setup => setup.request.argv.slice(0, 2))).toEqual([['py', '-3']])
+    expect(world.child.request.argv).toEqual([ENV_PYTHON, '-m', 'lich_control.daemon'])
+    expect(world.child.request.env.LICH_CONTROL_PARENT_PID).toBe('77')
   })
 
-  test('under WSL, Linux to the daemon, it starts', async ($, on) => {
-    await spawnedWith($, on, { platform: 'wsl' })
+  test('without the py launcher, python on PATH runs the setup', async ($, on) => {
+    const world = await spawnedWith($, on, { platform: 'windows', missing: ['py'] })
+    expect(world.setups.map(setup => setup.request.argv[0])).toEqual(['python'])
+  })
+
+  test('with neither, one line names both and what to do', async ($, on) => {
+    const world = await started($, on, { platform: 'windows', missing: ['py', 'python'] })
+    await world.untilLogged('cannot set up')
+    expect(world.logs.find(line => line.includes('cannot set up'))).toContain('py -3 nor python did not run (py -3: ')
+    expect(world.statuses[world.statuses.length - 1]).toContain('Install Python 3.9 or later, then /reload-plugins')
+    expect(world.children).toHaveLength(0)
+  })
+
+  test('a hello with a port and a secret: each post goes to that loopback port carrying the secret, which no log line holds', async ($, on) => {
+    const world = await spawnedWith($, on, { platform: 'windows' })
+    world.child.helloTcp(PORT, BRIDGE_SECRET)
+    await $.turn.start({ text: 'go', turnId: 't1' })
+    world.child.write(JSON.stringify({ op: 'call', id: 'c1', method: 'overrides.set', args: { model: 'm' } }) + '\r\n')
+    await world.untilResults(1)
+    expect(world.results()).toEqual([{ id: 'c1', ok: true, value: null }])
+    expect(world.posts.map(post => [post.url, post.socket, post.secret])).toEqual([
+      [`http://127.0.0.1:${PORT}/v1/event`, undefined, BRIDGE_SECRET],
+      [`http://127.0.0.1:${PORT}/v1/result`, undefined, BRIDGE_SECRET],
+    ])
+    expect(world.logs).toContain(`lich-control: the daemon 4242 (0.1.0, protocol 1) listens on 127.0.0.1:${PORT}`)
+    expect(world.logs.filter(line => line.includes(BRIDGE_SECRET))).toEqual([])
+  })
+
+  for (const [how, hello] of [
+    ['a port without a secret', { port: PORT }],
+    ['a secret without a port', { secret: BRIDGE_SECRET }],
+    ['a port out of range', { port: 70000, secret: BRIDGE_SECRET }],
+  ] as const) {
+    test(`a hello with ${how} is no hello: said, and nothing is posted`, async ($, on) => {
+      const world = await spawnedWith($, on, { platform: 'windows' })
+      world.child.line({ op: 'hello', protocol: 1, pid: 4242, ...hello, version: '0.1.0' })
+      await $.turn.start({ text: 'go', turnId: 't1' })
+      await world.untilLogged('said hello without a socket, nor a port and a secret')
+      await world.clock.settle()
+      expect(world.posts).toEqual([])
+      expect(world.logs.filter(line => line.includes(BRIDGE_SECRET))).toEqual([])
+    })
+  }
+
+  test('on Linux a Unix socket hello posts on that socket, with no secret', async ($, on) => {
+    const world = await connected($, on, '/run/lich-control/s1.sock')
+    await $.turn.start({ text: 'go', turnId: 't1' })
+    await world.until(() => world.posts.length === 1)
+    expect(world.posts.map(post => [post.url, post.socket, post.secret])).toEqual([['http://lich-control/v1/event', '/run/lich-control/s1.sock', undefined]])
+    expect(world.setups.map(setup => setup.request.argv[0])).toEqual(['python3'])
+  })
+
+  test('under WSL, Linux to the daemon, the setup runs with python3', async ($, on) => {
+    const world = await spawnedWith($, on, { platform: 'wsl' })
+    expect(world.setups.map(setup => setup.request.argv[0])).toEqual(['python3'])
   })
 })
 

@@ -1,24 +1,29 @@
 // End to end, with Node's own test runner and nothing installed: the relay
 // (hooks/mod-control.js) runs on a `$` whose process.spawn starts the real
-// Python daemon and whose http.fetch really speaks HTTP over its Unix
-// socket, against the development lich (tests/lich_dev) on loopback.
+// Python daemon and whose http.fetch really speaks HTTP to it (its Unix
+// socket, or on Windows its loopback port with the secret, whichever the
+// relay asks for), against the development lich (tests/lich_dev) on loopback.
 // Commands queued in lich must reach the fake session through both halves
 // and come back as acks.
 //
 //   node --test tests/plugin/relay.e2e.mjs     (PYTHON picks the interpreter)
 //
+// Under Wine (.ci/windows-checks) it runs as `node.exe tests/plugin/relay.e2e.mjs`
+// with Windows Python: the relay, daemon and lich as on Windows.
+//
 // It holds to bridge.md and the contract only, so any conforming daemon passes.
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { mkdtempSync, readFileSync, rmSync, unlinkSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { dirname, join } from 'node:path'
+import { delimiter, dirname, join } from 'node:path'
 import { createInterface } from 'node:readline'
 import { after, before, test } from 'node:test'
 import { fileURLToPath, pathToFileURL } from 'node:url'
 import assert from 'node:assert/strict'
 
-import { postOverSocket } from '../../hooks/opencode/relay/daemon.js'
+import { SECRET_HEADER } from '../../hooks/bridge.js'
+import { postToDaemon } from '../../hooks/opencode/relay/daemon.js'
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..')
 const PYTHON = process.env.PYTHON || 'python3'
@@ -27,6 +32,7 @@ const CONTRACT_RELEASE = /CONTRACT_RELEASE = "([^"]+)"/.exec(readFileSync(join(R
 const TOKEN = 'e2e-secret-token-5f3a'
 const SESSION = 'card-e2e'
 const ASK = 'what are you working on?'
+const WINDOWS = process.platform === 'win32'
 
 // The development lich, driven over its stdin: it prints its port, waits
 // for the session's first poll, then queues each command line it reads
@@ -56,6 +62,7 @@ class FakeSession {
   prompts = []
   forks = []
   steps = []
+  fetched = []
   running = null
   turns = 0
   static loads = 0
@@ -123,7 +130,16 @@ class FakeSession {
         hookEnv: async () => ({ CLAUDE_PID: String(process.pid), CLAUDE_PLUGIN_ROOT: ROOT }),
         spawn: request => session.#spawn(request),
       },
-      http: { fetch: async (url, init) => postOverSocket(init.socketPath, new URL(url).pathname, JSON.parse(init.body)) },
+      // As Claude Code's fetch: on the socket it names, else to the URL's port
+      // (loopback), with the headers the relay gave.
+      http: {
+        fetch: async (url, init) => {
+          const { port, pathname } = new URL(url)
+          const address = init.socketPath !== undefined ? { socket: init.socketPath } : { port: Number(port), secret: init.headers?.[SECRET_HEADER] }
+          session.fetched.push({ url, socketPath: init.socketPath, secret: address.secret })
+          return postToDaemon(address, pathname, JSON.parse(init.body))
+        },
+      },
       prompt: {
         // As Claude Code's: resolves once the prompt's turn has started.
         submit: async args => {
@@ -203,9 +219,12 @@ async function send(command) {
 
 before(async () => {
   lich = spawn(PYTHON, ['-c', LICH], {
-    env: { ...process.env, PYTHONPATH: `${ROOT}:${join(ROOT, 'tests')}`, LICH_TOKEN: TOKEN, LICH_SESSION_ID: SESSION },
-    stdio: ['pipe', 'pipe', 'inherit'],
+    env: { ...process.env, PYTHONPATH: [ROOT, join(ROOT, 'tests')].join(delimiter), LICH_TOKEN: TOKEN, LICH_SESSION_ID: SESSION },
+    // Its stderr through a pipe, not inherited: Windows Python under Wine
+    // dies at start on a stderr that is a Linux file.
+    stdio: ['pipe', 'pipe', 'pipe'],
   })
+  lich.stderr.pipe(process.stderr)
   replies = createInterface({ input: lich.stdout })[Symbol.asyncIterator]()
   const port = (await replies.next()).value
   runDir = mkdtempSync(join(tmpdir(), 'lcr-'))
@@ -232,6 +251,16 @@ test('commands from lich reach the session through the daemon and the relay, and
     assert.equal(plugin, CONTRACT_RELEASE, 'the X-Lich-Plugin the daemon sent')
     assert.deepEqual(session.prompts, [{ text: 'run the tests' }])
     assert.equal(session.running, 't1')
+    // Where the daemon said it listens: a Unix socket, or on Windows loopback
+    // TCP, every post there with the daemon's secret.
+    const [post] = session.fetched
+    if (WINDOWS) {
+      assert.match(post.url, /^http:\/\/127\.0\.0\.1:\d+\/v1\//)
+      assert.equal(post.socketPath, undefined)
+      assert.ok(post.secret && session.fetched.every(other => other.secret === post.secret), 'every post carries the secret')
+    } else {
+      assert.ok(post.socketPath && post.secret === undefined, JSON.stringify(post))
+    }
   })
 
   await t.test('an abort ends the running turn and is acked', async () => {
@@ -261,9 +290,24 @@ test('commands from lich reach the session through the daemon and the relay, and
     })
   })
 
+  // Windows will not delete a file a process holds open: the daemon's lock
+  // file, and with it the run folder, stay while it runs.
+  if (WINDOWS) {
+    await t.test('the run folder cannot be removed under the daemon: its lock file is refused, and the command in flight is acked', async () => {
+      const held = new Promise(begun => (session.begun = begun))
+      const acked = send({ id: 'm5', kind: 'command', name: 'hold' })
+      await held
+      assert.throws(() => unlinkSync(join(runDir, `${SESSION}.lock`)), { code: 'EBUSY' })
+      session.release()
+      const { ack } = await acked
+      assert.deepEqual(ack, { session_id: SESSION, id: 'm5', kind: 'command', ok: true })
+      assert.equal(session.children.length, 1)
+    })
+  }
+
   // systemd-logind removes $XDG_RUNTIME_DIR at the user's last logout, and
   // lich may run on in tmux: the relay's posts would find no socket.
-  await t.test('the run folder removed under the daemon: what is in flight is acked with why, and a new daemon takes the next command', async () => {
+  if (!WINDOWS) await t.test('the run folder removed under the daemon: what is in flight is acked with why, and a new daemon takes the next command', async () => {
     const [first] = session.children
     const exited = once(first, 'exit')
     const held = new Promise(begun => (session.begun = begun))
@@ -283,12 +327,21 @@ test('commands from lich reach the session through the daemon and the relay, and
   })
 
   // What Claude Code does when the session ends: a 0 tells the relay not to
-  // start it again.
-  await t.test('the daemon stops on SIGTERM with 0', async () => {
+  // start it again. Windows has no SIGTERM: Node's kill() there ends the
+  // daemon outright (TerminateProcess), and the daemon's exit code is 1.
+  await t.test(WINDOWS ? 'the daemon is ended outright by kill()' : 'the daemon stops on SIGTERM with 0', async () => {
     const child = session.children.at(-1)
     const exited = once(child, 'exit')
     child.kill('SIGTERM')
-    assert.deepEqual(await exited, [0, null])
+    const [code, signal] = await exited
+    if (WINDOWS) assert.ok(code !== 0 || signal === 'SIGTERM', `${code} ${signal}`)
+    else assert.deepEqual([code, signal], [0, null])
+  })
+
+  await t.test('the daemon\'s secret is in no log line', () => {
+    const secrets = new Set(session.fetched.map(post => post.secret).filter(Boolean))
+    assert.equal(secrets.size > 0, WINDOWS)
+    for (const secret of secrets) for (const line of session.logs) assert.ok(!line.includes(secret), line)
   })
 
   await t.test('the token is in no log line and no argument', () => {

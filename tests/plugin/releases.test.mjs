@@ -112,7 +112,7 @@ class Session {
 
   // The setup script's runs and the daemon's, by what they run.
   setups() {
-    return this.spawned.filter(child => String(child.request.argv[1]).endsWith('lich_runtime.py'))
+    return this.spawned.filter(child => isSetup(child.request))
   }
 
   daemons() {
@@ -145,12 +145,16 @@ class Session {
     })()
     stream.result = new Promise(resolve => (settle = resolve))
     this.#note(() => this.spawned.push(child))
-    if (String(request.argv[1]).endsWith('lich_runtime.py')) {
+    if (isSetup(request)) {
       for (const line of this.setup) child.write(JSON.stringify(line) + '\n')
       child.exit(this.setup.at(-1).ok ? 0 : 1)
     }
     return stream
   }
+}
+
+function isSetup(request) {
+  return request.argv.some(arg => String(arg).endsWith('lich_runtime.py'))
 }
 
 test('without $.process.hookEnv (before 2.1.326), the daemon starts, named no parent, with the data folder Claude Code keeps', async t => {
@@ -184,18 +188,17 @@ test('without $.process.hookEnv (before 2.1.326), the daemon starts, named no pa
   }
 })
 
-test('without $.session.info (before 2.1.326), the plugin\'s folder tells Windows', async t => {
-  await t.test('a Windows folder: nothing is started, and one line says why', async () => {
+test('without $.session.info (before 2.1.326), the plugin\'s folder tells Windows, where the setup runs with py -3', async t => {
+  await t.test('a Windows folder: py -3 runs the setup, and the daemon starts', async () => {
     const session = await new Session({ lacking: ['session.info'], root: 'C:\\Users\\me\\.claude\\plugins\\cache\\lich-control' }).start()
-    await session.untilLogged('the daemon does not run on Windows yet')
-    // Nothing is spawned after that line is written.
-    assert.equal(session.spawned.length, 0)
-    assert.equal(session.logs.length, 1)
+    await session.until(() => session.daemons().length === 1)
+    assert.deepEqual(session.setups()[0].request.argv.slice(0, 2), ['py', '-3'])
   })
 
-  await t.test('a Linux folder (WSL too): the daemon starts', async () => {
+  await t.test('a Linux folder (WSL too): python3 runs it, and the daemon starts', async () => {
     const session = await new Session({ lacking: ['session.info'] }).start()
     await session.until(() => session.daemons().length === 1)
+    assert.equal(session.setups()[0].request.argv[0], 'python3')
     assert.deepEqual(session.logs, [])
   })
 })

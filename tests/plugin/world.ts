@@ -12,7 +12,8 @@ export const ENV_PYTHON = `${DATA}/env-0.1.0-0123456789ab/bin/python`
 export const SETUP = 'hooks/lich_runtime.py'
 type Source = 'user' | 'project' | 'local' | 'flag' | 'policy'
 
-type Post = { path: string; socket: string | undefined; body: any }
+// `url` and `secret` (the header a loopback daemon checks) as the relay sent them.
+type Post = { path: string; url: string; socket: string | undefined; secret: string | undefined; body: any }
 type Exit = { code: number | null; signal: string | null }
 
 // One run of the daemon as the test plays it: what it writes, how it ends.
@@ -34,6 +35,12 @@ export class Child {
 
   hello(socket: string) {
     this.line({ op: 'hello', protocol: 1, pid: 4242, socket, version: '0.1.0' })
+  }
+
+  // A Windows daemon's hello: loopback TCP behind a secret, its line ended
+  // as Windows Python's text-mode stdout ends it.
+  helloTcp(port: number, secret: string) {
+    this.write(JSON.stringify({ op: 'hello', protocol: 1, pid: 4242, port, secret, version: '0.1.0' }) + '\r\n')
   }
 
   // The setup script saying it builds, as it starts to.
@@ -115,6 +122,8 @@ export class World {
   // as a host that cannot start the child.
   refuseSpawn: string | undefined
   refuseSetup: string | undefined
+  // Interpreters (argv[0]) not found: a setup run with one is refused.
+  missing: string[] = []
   private held: (() => void)[] = []
   // What the test waits on, re-checked whenever the world changes.
   private waiters: { ready: () => boolean; resolve: () => void }[] = []
@@ -153,7 +162,8 @@ export class World {
     on('session.info', () => ({ value: { platform: this.platform as any, isHosted: false } }))
     const world = this
     on('process.spawn', async function* ($, e) {
-      if (String(e.argv[1]).endsWith(SETUP)) {
+      if (e.argv.some(arg => String(arg).endsWith(SETUP))) {
+        if (world.missing.includes(e.argv[0])) return { deny: `no such file: ${e.argv[0]}` }
         if (world.refuseSetup !== undefined) return { deny: world.refuseSetup }
         const setup = new Child(e)
         world.setups.push(setup)
@@ -177,7 +187,9 @@ export class World {
         this.holdPath = undefined
         await new Promise<void>(resolve => this.held.push(resolve))
       }
-      this.posts.push({ path, socket: e.init?.socketPath, body: JSON.parse(String(e.init?.body)) })
+      const headers: Record<string, string> = (e.init?.headers as any) ?? {}
+      const secret = Object.entries(headers).find(([name]) => name.toLowerCase() === 'x-lich-control-secret')?.[1]
+      this.posts.push({ path, url: e.url, socket: e.init?.socketPath, secret, body: JSON.parse(String(e.init?.body)) })
       this.changed()
       return { value: { status: 204, ok: true, headers: {}, text: '' } }
     })
