@@ -206,7 +206,9 @@ def test_a_body_refused_says_why_in_one_line_and_the_connection_goes_on(server, 
 )
 def test_a_request_no_relay_makes_is_refused_in_one_line_and_the_connection_closed(server, method, url, status, text):
     conn = connect(server)
-    conn.request(method, url, b"{}", JSON)
+    # No body: the server answers from the request line and may close before
+    # reading one, which a client still writing it meets as a broken pipe.
+    conn.request(method, url)
     response = conn.getresponse()
     assert (response.status, response.read()) == (status, text) and response.will_close
     still_serving(connect(server))
