@@ -7,6 +7,7 @@ has no lich_control and a plugin folder that asks for more than it has.
 """
 import concurrent.futures
 import contextlib
+import glob
 import importlib.util
 import json
 import os
@@ -23,8 +24,6 @@ import lich_control
 from fakes import Clock
 
 WINDOWS = os.name == "nt"
-# Windows's embeddable package (the Windows Python CI runs under Wine) has none.
-NO_VENV = pytest.mark.skipif(importlib.util.find_spec("venv") is None, reason="this Python has no venv module")
 if WINDOWS:
     import msvcrt
 
@@ -289,9 +288,9 @@ def test_a_pip_that_fails_at_its_job_is_the_failure_and_no_other_is_tried(needin
     assert len(setup.ran) == 1
 
 
-@NO_VENV
-def test_a_real_build_of_a_package_that_needs_nothing_runs_no_pip_and_imports(tmp_path, data):
+def test_a_real_build_of_a_package_that_needs_nothing_runs_no_pip_and_imports(tmp_path, data, monkeypatch):
     # A real venv, offline: the package's own files copied in are what makes it run.
+    monkeypatch.setenv("PYTHONPATH", windows_build_env()["PYTHONPATH"])  # a venv where the Python has none
     plugin = make_plugin(str(tmp_path / "plugin"))
     write(os.path.join(plugin.root, "lich_control", "daemon.py"), "")
     setup = runtime.Runtime(data, plugin, lambda text: None)
@@ -474,6 +473,52 @@ def test_the_program_with_no_data_folder_says_so_and_offers_no_retry(too_new):
     _, result, _ = run_script(too_new, env=env)
     assert "it has no data folder to keep it in (--data DIR, or CLAUDE_PLUGIN_DATA" in result["error"]
     assert result["command"] is None and "To try again" not in result["error"]
+
+
+def windows_build_env(**changes):
+    """Our environment for a real build on Windows, with a venv and a pip
+    where the interpreter lacks them, as python.org's embeddable package (the
+    Windows Python CI runs under Wine) does: the stand-in venv in
+    tests/windows (its docstring says what it makes), and the pip wheel that
+    .ci/wine-setup keeps beside the interpreter."""
+    paths = []
+    if importlib.util.find_spec("venv") is None:
+        paths.append(os.path.join(ROOT, "tests", "windows"))
+    if importlib.util.find_spec("pip") is None:
+        paths.extend(glob.glob(os.path.join(os.path.dirname(sys.executable), "pip-*.whl"))[:1])
+    paths += [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    env.update(changes)
+    return env
+
+
+@pytest.mark.skipif(not WINDOWS, reason="Windows's build (Scripts\\python.exe, an msvcrt lock, a job object); POSIX's is built above")
+def test_on_windows_the_plugins_environment_is_built_from_the_index_reused_and_a_failed_build_tried_again(data):
+    env = os.path.join(data, "env-" + runtime.Plugin(ROOT).key())
+    python = os.path.join(env, "Scripts", "python.exe")
+    # No index, and none of this machine's pip settings that could stand in for one.
+    offline = windows_build_env(PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull)
+    offline.pop("PIP_FIND_LINKS", None)
+    code, result, _ = run_script(SCRIPT, "--data", data, env=offline)
+    assert code == 1 and result["problem"].startswith("pip: "), result
+    assert "is not on the package index" in result["problem"], result
+    assert runtime.read_json(os.path.join(data, runtime.FAILURE))["problem"] == result["problem"]
+
+    code, result, stderr = run_script(SCRIPT, "--data", data, env=windows_build_env())
+    assert (code, result) == (0, {"ok": True, "python": python, "built": True}), stderr
+    assert runtime.FAILURE not in os.listdir(data)
+    # Isolated (-I): the package and what it needs come from the environment's own site-packages.
+    found = subprocess.run([python, "-I", "-c", "import lich_control.daemon, requests, attrs, sys; "
+                            "print(sys.prefix); print(lich_control.__file__); print(requests.__file__)"],
+                           stdout=subprocess.PIPE, universal_newlines=True, timeout=60)
+    assert found.returncode == 0
+    site = os.path.join(env, "Lib", "site-packages")
+    # normcase: 3.9's site names the folder lib\site-packages, which is the same folder.
+    assert [os.path.normcase(line) for line in found.stdout.splitlines()] == [os.path.normcase(path) for path in (
+        env, os.path.join(site, "lich_control", "__init__.py"), os.path.join(site, "requests", "__init__.py"))]
+
+    assert run_script(SCRIPT, "--data", data, env=windows_build_env())[:2] == (
+        0, {"ok": True, "python": python, "built": False})
 
 
 @pytest.fixture
