@@ -37,7 +37,7 @@ from typing import Callable, List, Optional
 import attrs
 
 from . import __version__, run_folder
-from .config import ADDRESS, WINDOWS, BadConfig, run_dir, session_path
+from .config import ADDRESS, BadConfig, run_dir, session_path
 from .unix_socket import DaemonConnection, read_address
 
 TIMEOUT = 2.0
@@ -67,11 +67,6 @@ def ask(path: str, timeout: float = TIMEOUT) -> Found:
         return Found(path, stale="stale socket: nothing answers")
     except (OSError, ValueError, LookupError, TypeError) as exc:
         return Found(path, stale=f"its address file cannot be read ({type(exc).__name__})")
-    # A daemon killed outright (a Windows relay can do nothing else) leaves
-    # its address file: the port it names may be another program's by now,
-    # which is neither sent the secret nor believed.
-    if address.pid is not None and ended(address.pid):
-        return Found(path, stale=f"stale address: its daemon (pid {address.pid}) has ended")
     conn = DaemonConnection(address, timeout)
     try:
         status, body = conn.exchange("GET", "/v1/status")
@@ -92,20 +87,6 @@ def ask(path: str, timeout: float = TIMEOUT) -> Found:
     if not isinstance(doc, dict) or not isinstance(doc.get("daemon"), dict) or not isinstance(doc.get("poll"), dict):
         return Found(path, stale="the socket answered with something that is not a daemon's status")
     return Found(path, status=doc)
-
-
-def ended(pid: int) -> bool:
-    """Whether process `pid` has ended (on POSIX also: it is another user's,
-    so ours has ended and its pid was given again)."""
-    if WINDOWS:
-        from . import windows
-
-        return windows.Process(pid).ended(0)
-    try:
-        os.kill(pid, 0)  # on Windows this would end the process
-    except (ProcessLookupError, PermissionError):
-        return True
-    return False
 
 
 def sockets(folder: str) -> List[str]:

@@ -125,7 +125,7 @@ class LoopbackListener:
 
     @property
     def address(self) -> "Address":
-        return Address(port=self.port, secret=self.secret, pid=os.getpid())
+        return Address(port=self.port, secret=self.secret)
 
     def removed(self) -> bool:
         return not os.path.exists(self.path)
@@ -306,8 +306,6 @@ class Address:
     socket: Optional[str] = None
     port: Optional[int] = None
     secret: Optional[str] = attrs.field(default=None, repr=False)
-    # The daemon that wrote it: its port may be another program's once it has ended.
-    pid: Optional[int] = None
 
     def hello(self) -> dict:
         """This address as the hello line gives it to the relay."""
@@ -320,7 +318,7 @@ class Address:
             return cls(socket=str(doc["socket"]))
         if not isinstance(doc["port"], int) or not isinstance(doc["secret"], str):
             raise TypeError("not a port and a secret")
-        return cls(port=doc["port"], secret=doc["secret"], pid=doc.get("pid") if isinstance(doc.get("pid"), int) else None)
+        return cls(port=doc["port"], secret=doc["secret"])
 
 
 def read_address(path: str) -> Address:

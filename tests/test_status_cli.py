@@ -321,18 +321,6 @@ def test_a_daemon_named_by_an_address_file_is_asked_on_its_port_with_its_secret(
     assert found.status == doc and found.session == "tcp"
 
 
-def test_an_address_file_whose_daemon_has_ended_is_stale_and_its_port_never_asked(tmp_path):
-    # Another program listens on the port the dead daemon's file names.
-    asked = []
-    with BridgeServer(LoopbackListener(str(tmp_path / "tcp.address")), Routes(None, None, lambda: asked.append(1) or good_status("tcp"))) as server:
-        done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], stdout=subprocess.PIPE, check=True)
-        dead = int(done.stdout)
-        stale = tmp_path / "dead.address"
-        stale.write_text(json.dumps({"pid": dead, "port": server.listener.port, "secret": server.listener.secret}))
-        found = statuscli.ask(str(stale))
-    assert (found.status, found.stale, asked) == (None, f"stale address: its daemon (pid {dead}) has ended", [])
-
-
 @pytest.mark.parametrize("content", ["not json", '{"pid": 1}', '{"port": "80", "secret": "s"}'], ids=["not-json", "no-port", "port-not-a-number"])
 def test_an_address_file_that_cannot_be_read_is_reported_on_its_row(tmp_path, content):
     path = tmp_path / "odd.address"
