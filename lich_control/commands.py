@@ -8,7 +8,7 @@ there is nothing to ack it under.
 """
 from __future__ import annotations
 
-from xml.sax.saxutils import escape as xml_escape
+from html import escape
 from typing import Any, Optional
 
 import attrs
@@ -80,13 +80,15 @@ class Command:
 def notification_text(text: str, note: Notification) -> str:
     """The prompt as Claude Code words a background agent's completion.
 
-    Status and summary are escaped, since Claude Code decodes them for its
-    one dim line; the text is not, since the model reads it as written.
+    Status and summary are escaped (&, < and >, as XML wants them; `html`
+    is loaded for the socket already, where xml.sax would be one more
+    package at the start), since Claude Code decodes them for its one dim
+    line; the text is not, since the model reads it as written.
     """
     return (
         "<task-notification>\n"
-        f"<status>{xml_escape(note.status)}</status>\n"
-        f"<summary>{xml_escape(note.summary)}</summary>\n"
+        f"<status>{escape(note.status, quote=False)}</status>\n"
+        f"<summary>{escape(note.summary, quote=False)}</summary>\n"
         f"<result>{text}</result>\n"
         "</task-notification>"
     )

@@ -8,7 +8,16 @@ daemon imports no tool.
 
 The threads and what each owns: docs/architecture.md.
 """
+import gc
 import os
+
+# The imports below are most of the start (docs/performance.md), and what
+# they build lives as long as the process: run as the daemon, the collector
+# is off while they load, and their objects are then left out of every
+# collection (gc.freeze), not walked again at the first ones.
+AS_DAEMON = __name__ == "__main__"
+if AS_DAEMON:
+    gc.disable()
 
 # Read before the imports below, which take most of the start: a parent that
 # dies while they run leaves us a reaper's pid, and this one to compare with.
@@ -40,6 +49,10 @@ from .logs import Logs, Redactor, escape  # noqa: E402
 from .poller import Poller  # noqa: E402
 from .unix_socket import BridgeServer, Routes, listener_at  # noqa: E402
 from .worker import Asks, Worker  # noqa: E402
+
+if AS_DAEMON:
+    gc.freeze()
+    gc.enable()
 
 log = logging.getLogger("lich_control.daemon")
 

@@ -41,6 +41,10 @@ class Relay:
         self._hello = threading.Event()
         self._forks: "queue.Queue" = queue.Queue()
         env = daemon_env(LICH_PORT=str(lich.port), LICH_TOKEN=lich.token, LICH_SESSION_ID=session_id, LICH_CONTROL_RUN_DIR=run_dir)
+        # Set in some shells (this machine's among them): every start would
+        # compile the package from source, ~20 ms a start no user's daemon
+        # pays where its folder can be written.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         self._stderr = open(os.path.join(run_dir, f"{session_id}.stderr"), "wb")
         self.started_at = CLOCK()
         self.proc = subprocess.Popen(
