@@ -54,7 +54,7 @@ from devlich import Lich, python
 from processes import argv_of, pid_ended
 from sandbox import BWRAP_ENV, USER_ENV, User, binary_dirs, profile
 from test_install import MARKETPLACE, data_folder, environments
-from test_session import assert_acked_ok, assert_answered, check_model_override, main_request, send
+from test_session import assert_acked_ok, assert_answered, check_abort, check_model_override, main_request, send
 from workspace import PLUGIN_NAME, python_option
 from world import lich_env
 
@@ -314,13 +314,7 @@ def test_prompt_model_abort_and_ask_ack(world):
 
     check_model_override(world, session, "[conf-m]")
 
-    hold = world.api.hold("[conf-a]")
-    assert_acked_ok(send(world, session, "prompt", "a long turn [conf-a]", timeout=WAIT))
-    assert hold.started.wait(WAIT), "the turn's request never reached the model API"
-    session.wait_status(lambda s: s["turn"] is not None, WAIT, "the daemon to hear of the turn")
-    assert_acked_ok(send(world, session, "abort", timeout=WAIT))
-    assert hold.closed.wait(WAIT), "the model API's stream was not closed by the abort"
-    session.wait_idle()
+    check_abort(world, session, "[conf-a]", WAIT)
 
     question = "what are you doing? [conf-q]"
     assert_answered(world.lich.ask(FIRST, question, timeout=60), question)

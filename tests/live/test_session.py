@@ -36,10 +36,15 @@ WAIT = 15.0
 def world(session_release):
     with World(session_release.binary, claude_env=session_release.env) as world:
         world.release = session_release
-        world.plugin = world.ws.copy_checkout()
-        # A project command of the work folder: when it runs, the model API sees its text.
-        world.ws.write_file(f"work/.claude/commands/{CUSTOM_COMMAND}.md", "The custom command ran with $ARGUMENTS\n")
+        furnish(world)
         yield world
+
+
+def furnish(world):
+    """The world's plugin (a copy of the checkout), and a project command of
+    the work folder whose text the model API sees when it runs."""
+    world.plugin = world.ws.copy_checkout()
+    world.ws.write_file(f"work/.claude/commands/{CUSTOM_COMMAND}.md", "The custom command ran with $ARGUMENTS\n")
 
 
 @pytest.fixture(scope="module")
@@ -144,13 +149,18 @@ def test_3_a_model_override_is_on_the_next_request_and_gone_once_dropped(world, 
     check_model_override(world, session, "[live-3m]")
 
 
-def test_3_an_effort_override_is_on_the_next_request_and_gone_once_dropped(world, session):
-    base = effort_of(prompt_request(world, session, "effort baseline [live-3e]"))
+def check_effort_override(world, session, mark, wait=WAIT):
+    """An effort override is on the next request, and gone once dropped."""
+    base = effort_of(prompt_request(world, session, f"effort baseline {mark}"))
     level = "low" if base != "low" else "high"
-    assert_acked_ok(send(world, session, "effort", level))
-    assert effort_of(prompt_request(world, session, "effort override [live-3e]")) == level
-    assert_acked_ok(send(world, session, "effort"))
-    assert effort_of(prompt_request(world, session, "effort dropped [live-3e]")) == base
+    assert_acked_ok(send(world, session, "effort", level, timeout=wait))
+    assert effort_of(prompt_request(world, session, f"effort override {mark}")) == level
+    assert_acked_ok(send(world, session, "effort", timeout=wait))
+    assert effort_of(prompt_request(world, session, f"effort dropped {mark}")) == base
+
+
+def test_3_an_effort_override_is_on_the_next_request_and_gone_once_dropped(world, session):
+    check_effort_override(world, session, "[live-3e]")
 
 
 def test_3_an_unknown_effort_is_refused(world, session):
@@ -163,14 +173,19 @@ def test_3_an_unknown_effort_is_refused(world, session):
 
 # --- 4 ----------------------------------------------------------------------
 
+def check_abort(world, session, mark, wait=WAIT):
+    """A prompt's turn, held streaming at the model API, ended by an abort that acks ok."""
+    hold = world.api.hold(mark)
+    assert_acked_ok(send(world, session, "prompt", f"a long turn {mark}", timeout=wait))
+    assert hold.started.wait(wait), "the turn's request never reached the model API"
+    session.wait_status(lambda s: s["turn"] is not None, wait, "the daemon to hear of the turn")
+    assert_acked_ok(send(world, session, "abort", timeout=wait))
+    assert hold.closed.wait(wait), "the model API's stream was not closed by the abort"
+    session.wait_idle(wait)
+
+
 def test_4_an_abort_ends_a_streaming_turn_and_acks_ok(world, session):
-    hold = world.api.hold("[live-4]")
-    assert_acked_ok(send(world, session, "prompt", "a long turn [live-4]"))
-    assert hold.started.wait(WAIT), "the turn's request never reached the model API"
-    session.wait_status(lambda s: s["turn"] is not None, WAIT, "the daemon to hear of the turn")
-    assert_acked_ok(send(world, session, "abort"))
-    assert hold.closed.wait(WAIT), "the model API's stream was not closed by the abort"
-    session.wait_idle(WAIT)
+    check_abort(world, session, "[live-4]")
 
 
 def test_4_an_abort_with_no_turn_acks_no_turn_is_running(world, session):

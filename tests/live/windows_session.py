@@ -30,8 +30,8 @@ import pytest
 
 from claude_world import ClaudeSession, World
 from devlich import Unavailable
-from test_session import (CUSTOM_COMMAND, OTHER_MODEL, assert_acked_ok, assert_answered, check_model_override, effort_of,
-                          main_request, prompt_request, send)
+from test_session import (CUSTOM_COMMAND, assert_acked_ok, assert_answered, check_abort, check_effort_override, check_model_override,
+                          furnish, main_request, send)
 from workspace import CHECKOUT, python_option
 
 SESSION = "win-1"
@@ -127,9 +127,7 @@ def world():
     except Unavailable as exc:
         pytest.fail(str(exc), pytrace=False)
     with world:
-        world.plugin = world.ws.copy_checkout()
-        # A project command of the work folder: when it runs, the model API sees its text.
-        world.ws.write_file(f"work/.claude/commands/{CUSTOM_COMMAND}.md", "The custom command ran with $ARGUMENTS\n")
+        furnish(world)
         yield world
 
 
@@ -172,22 +170,11 @@ def test_a_model_override_is_acked_and_on_the_next_request(world, session):
 
 
 def test_an_effort_override_is_acked_and_on_the_next_request(world, session):
-    base = effort_of(prompt_request(world, session, "effort baseline [win-effort]"))
-    level = "low" if base != "low" else "high"
-    assert_acked_ok(send(world, session, "effort", level, timeout=WAIT))
-    assert effort_of(prompt_request(world, session, "effort override [win-effort]")) == level
-    assert_acked_ok(send(world, session, "effort", timeout=WAIT))
-    assert effort_of(prompt_request(world, session, "effort dropped [win-effort]")) == base
+    check_effort_override(world, session, "[win-effort]", WAIT)
 
 
 def test_an_abort_ends_a_streaming_turn_and_is_acked(world, session):
-    hold = world.api.hold("[win-abort]")
-    assert_acked_ok(send(world, session, "prompt", "a long turn [win-abort]", timeout=WAIT))
-    assert hold.started.wait(WAIT), "the turn's request never reached the model API"
-    session.wait_status(lambda s: s["turn"] is not None, WAIT, "the daemon to hear of the turn")
-    assert_acked_ok(send(world, session, "abort", timeout=WAIT))
-    assert hold.closed.wait(WAIT), "the model API's stream was not closed by the abort"
-    session.wait_idle()
+    check_abort(world, session, "[win-abort]", WAIT)
 
 
 def test_an_ask_is_acked_with_the_models_answer(world, session):
