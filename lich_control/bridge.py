@@ -6,7 +6,7 @@ answer, with a failure once `timeout` seconds have passed (None: no
 deadline), or with `close`'s reason. The worker reads one shape whatever
 happened. `Bridge` is the relay as that engine: calls go out as JSON lines on
 stdout, results and events come back over the daemon's Unix socket (see
-`unix_socket`). What a result means for lich is the worker's business.
+`bridge_server`). What a result means for lich is the worker's business.
 """
 from __future__ import annotations
 
@@ -202,7 +202,7 @@ class Bridge:
     # -- daemon -> relay -------------------------------------------------
 
     def hello(self, address: dict) -> None:
-        """`address`: {"socket": path}, or on Windows {"port": n, "secret": s} (unix_socket's listeners)."""
+        """`address`: {"socket": path}, or on Windows {"port": n, "secret": s} (bridge_server's listeners)."""
         self._write({"op": "hello", "protocol": PROTOCOL, "pid": os.getpid(), **address, "version": __version__})
 
     def call(self, method: str, args: dict, timeout: Optional[float]) -> "Future[CallResult]":

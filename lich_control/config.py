@@ -17,7 +17,7 @@ VARIABLES = ("LICH_PORT", "LICH_TOKEN", "LICH_SESSION_ID")
 # the bridge on loopback TCP, the run folder, the lock, the parent watch.
 WINDOWS = os.name == "nt"
 # On Windows the daemon's address is a file naming its port and secret
-# (unix_socket.LoopbackListener); elsewhere, the socket itself.
+# (bridge_server.LoopbackListener); elsewhere, the socket itself.
 ADDRESS = "address" if WINDOWS else "sock"
 # sockaddr_un.sun_path is 108 bytes on Linux, 104 on macOS; keep under both.
 MAX_SOCKET_PATH = 100

@@ -47,7 +47,7 @@ from .config import ADDRESS, WINDOWS, BadConfig, Config, NotInLich, expected_par
 from .lich import LichClient  # noqa: E402
 from .logs import Logs, Redactor, escape  # noqa: E402
 from .poller import Poller  # noqa: E402
-from .unix_socket import BridgeServer, Routes, listener_at  # noqa: E402
+from .bridge_server import BridgeServer, Routes, listener_at  # noqa: E402
 from .worker import Asks, Worker  # noqa: E402
 
 if AS_DAEMON:

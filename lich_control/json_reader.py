@@ -1,5 +1,5 @@
 """JSON from outside the daemon, read within its memory bound (`loads`):
-lich's poll answers (poller.read_answer) and the relay's posts (unix_socket)."""
+lich's poll answers (poller.read_answer) and the relay's posts (bridge_server)."""
 from __future__ import annotations
 
 import json

@@ -13,7 +13,7 @@ no daemon that answers, the run folder is refused, or the plugin's setup
 failed. Run from the plugin's folder (bin/lich-mod-status), it also says
 when the plugin's setup is building the daemon's Python, or failed to, with
 the command that tries again. The socket is reached with
-`unix_socket.DaemonConnection`, the one client of a daemon's socket.
+`bridge_server.DaemonConnection`, the one client of a daemon's socket.
 
 A document is printed as the daemon gave it: the daemon made every string
 in it safe as it entered (escaped, cut, the token taken out). One this
@@ -38,7 +38,7 @@ import attrs
 
 from . import __version__, run_folder
 from .config import ADDRESS, BadConfig, run_dir, session_path
-from .unix_socket import DaemonConnection, read_address
+from .bridge_server import DaemonConnection, read_address
 
 TIMEOUT = 2.0
 

@@ -12,7 +12,7 @@ import threading
 import time
 
 from lich_dev.procs import ROOT, daemon_env, stop
-from lich_control.unix_socket import Address, DaemonConnection
+from lich_control.bridge_server import Address, DaemonConnection
 
 
 def daemon_request(address, method, url, body=None, headers=None, timeout=10.0):

@@ -83,7 +83,7 @@ def test_a_variable_whose_bytes_were_not_utf8_is_refused_without_its_value(name)
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
 
-def test_a_socket_path_too_long_for_a_unix_socket_is_refused_naming_the_variable_to_set():
+def test_a_socket_path_too_long_for_a_bridge_server_is_refused_naming_the_variable_to_set():
     folder = "/tmp/" + "d" * 100
     if WINDOWS:  # no Unix socket there: its address file has no such limit
         assert Config.from_env(dict(FULL, LICH_CONTROL_RUN_DIR=folder)).run_dir == os.path.abspath(folder)

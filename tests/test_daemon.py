@@ -18,7 +18,7 @@ import time
 import pytest
 
 from lich_control import __version__
-from lich_control.unix_socket import read_address
+from lich_control.bridge_server import read_address
 from lich_dev import procs
 from lich_dev.lich import NotPolling
 

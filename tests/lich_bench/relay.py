@@ -20,7 +20,7 @@ from typing import Callable, List, Optional
 
 from lich_dev.lich import StubLich
 from lich_dev.procs import ROOT, daemon_env, stop
-from lich_control.unix_socket import Address, DaemonConnection
+from lich_control.bridge_server import Address, DaemonConnection
 from .common import CLOCK, WAIT, BenchError
 
 JSON = {"Content-Type": "application/json"}

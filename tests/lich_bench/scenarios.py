@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 from lich_dev.lich import StubLich
 from lich_dev.procs import ROOT, daemon_env
-from lich_control.unix_socket import DaemonConnection
+from lich_control.bridge_server import DaemonConnection
 from .common import CLOCK, WAIT, BenchError, floor_figures
 from .relay import JSON, Relay
 

@@ -4,10 +4,10 @@ Linux too: `python -m lich_dev.loopback_daemon` as the relay would start
 `lich_control.daemon`. Only the choice of listener differs."""
 import sys
 
-from lich_control import config, unix_socket
+from lich_control import config, bridge_server
 
 config.ADDRESS = "address"  # read by the daemon as it is imported below
-unix_socket.listener_at = unix_socket.LoopbackListener
+bridge_server.listener_at = bridge_server.LoopbackListener
 
 from lich_control.daemon import main  # noqa: E402
 

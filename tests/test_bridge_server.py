@@ -16,7 +16,7 @@ import pytest
 from lich_control.bridge import BadMessage
 from lich_control.json_reader import MAX_VALUES
 from lich_control.run_folder import NotOurs
-from lich_control.unix_socket import MAX_BODY, SECRET_HEADER, Address, BridgeServer, DaemonConnection, LoopbackListener, Routes, UnixListener, read_address
+from lich_control.bridge_server import MAX_BODY, SECRET_HEADER, Address, BridgeServer, DaemonConnection, LoopbackListener, Routes, UnixListener, read_address
 
 from relay import daemon_request
 

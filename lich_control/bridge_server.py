@@ -201,7 +201,7 @@ class BridgeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 class _Handler(BaseHTTPRequestHandler):
     """One relay connection: its requests answered in turn while it stays open."""
 
-    server: UnixHttpServer
+    server: BridgeServer
     protocol_version = "HTTP/1.1"  # keep-alive
     server_version = "lich-control"
     sys_version = ""
