@@ -134,6 +134,8 @@ class Relay:
         self._stderr.close()
 
     def stderr_text(self) -> str:
-        self._stderr.flush()
+        """What the daemon wrote on its stderr, before or after stop() (the
+        daemon writes the file; this process never does, so there is nothing
+        of ours to flush, and a closed handle must not hide the daemon's words)."""
         with open(self._stderr.name, "rb") as f:
             return f.read().decode("utf-8", "replace")
