@@ -18,8 +18,8 @@ def run_idle(lich: StubLich, marks: Marks, relay: Relay, seconds: float) -> dict
     sid, pid = relay.session_id, relay.pid
     # Measure from a fresh parked poll, so the window holds at most the polls
     # the protocol makes (lich answers [] after its hold and the poll goes out again).
-    time.sleep(min(2.0, seconds))  # let startup finish (threads, imports still under way)
     wait_parked(lich, sid)
+    wait_quiet(pid)
     polls_before = len(marks.polls.get(sid, []))
     cpu0, ns0, sw0, t0 = proc_cpu_s(pid), proc_cpu_ns(pid), thread_switches(pid), CLOCK()
     time.sleep(seconds)  # the scenario is about time: an idle window
@@ -39,6 +39,21 @@ def run_idle(lich: StubLich, marks: Marks, relay: Relay, seconds: float) -> dict
         "polls_in_window": len(marks.polls.get(sid, [])) - polls_before,
         "hold_s": lich.hold,
     }
+
+
+def wait_quiet(pid: int, still: float = 0.25) -> None:
+    """Until the daemon has spent no CPU for `still` seconds: its start (the
+    imports a first request loads, the threads it starts) is over, and the
+    idle window holds only what a parked poll costs."""
+    deadline = CLOCK() + WAIT
+    last = proc_cpu_ns(pid)
+    while CLOCK() < deadline:
+        time.sleep(still)  # the quiet being waited for is a span of time
+        now = proc_cpu_ns(pid)
+        if now is None or now == last:
+            return
+        last = now
+    raise BenchError(f"idle: the daemon (pid {pid}) never went quiet in {WAIT:g} s")
 
 
 def run_scale(lich: StubLich, marks: Marks, n: int, run_dir: str, fork_delay: float) -> dict:
