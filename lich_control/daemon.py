@@ -316,7 +316,7 @@ class WindowsLifeline:
             if self._parent is None:
                 time.sleep(PARENT_CHECK_SECONDS)  # the file alone: nothing to wait on
             if self._server.removed():
-                return self._on_lost("its socket was removed (the run folder deleted under it?); starting again on a new one")
+                return self._on_lost("its address file was removed (the run folder deleted under it?); starting again on a new one")
 
 
 def set_parent_death_signal(sig: int) -> bool:

@@ -137,7 +137,8 @@ def test_a_run_folder_removed_under_the_daemon_ends_it_with_1_and_what_was_in_fl
     else:
         shutil.rmtree(run_dir)
     assert r.wait_exit(EXIT_WITHIN + (1 if WINDOWS else 0)) == 1  # Windows looks once a second  # not 0: the relay starts another, on a socket that exists
-    said = "the daemon stopped before the session answered (its socket was removed (the run folder deleted under it?); starting again on a new one)"
+    gone = "its address file" if WINDOWS else "its socket"
+    said = f"the daemon stopped before the session answered ({gone} was removed (the run folder deleted under it?); starting again on a new one)"
     for cid, kind in (("m1", "prompt"), ("a1", "ask")):
         assert lich.record.ack_for(cid, WAIT) == {"session_id": "s1", "id": cid, "kind": kind, "ok": False, "error": said}
 
