@@ -64,7 +64,11 @@ class ProcessWatch:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._sessions: set = set()
+        # Each watched session id, with its leader's start time: the kernel
+        # gives a session's id to a new process only once the session has no
+        # process left, so a leader of that pid with another start time is a
+        # stranger's session, which the watch must neither record nor kill.
+        self._sessions: Dict[int, Optional[int]] = {}
         self._seen: Dict[tuple, Seen] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="process-watch", daemon=True)
@@ -79,7 +83,7 @@ class ProcessWatch:
     def track(self, pid: int) -> None:
         """Watch the session `pid` leads (a process started with a session of its own)."""
         with self._lock:
-            self._sessions.add(pid)
+            self._sessions[pid] = _start_time(pid)
         self.look()
 
     @property
@@ -120,14 +124,18 @@ class ProcessWatch:
         in a session of its own (whose session then becomes ours too)."""
         with self._lock:
             sessions = self._sessions
+            for pid, _, _, sid, start, _ in table:
+                if pid == sid and sessions.get(sid) not in (None, start):
+                    del sessions[sid]  # ours ended, and its id went to a stranger
             ours = {row[0] for row in table if row[3] in sessions}
             grew = True
             while grew:
                 grew = False
-                for pid, _, ppid, sid, _, _ in table:
+                for pid, _, ppid, sid, start, _ in table:
                     if ppid in ours and pid not in ours:
                         ours.add(pid)
-                        sessions.add(sid)
+                        if sid not in sessions:
+                            sessions[sid] = start if pid == sid else None
                         grew = True
         return [(pid, state, start, argv) for pid, state, _, _, start, argv in table if pid in ours]
 
@@ -148,6 +156,16 @@ def _processes():
         fields = stat[stat.rindex(")") + 2:].split()
         table.append((int(name), fields[0], int(fields[1]), int(fields[3]), int(fields[19]), argv))
     return table
+
+
+def _start_time(pid: int) -> Optional[int]:
+    """A process's start time in clock ticks; None once it has ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])
 
 
 def argv_of(pid: int) -> List[str]:
