@@ -1,10 +1,12 @@
 """lich drives a live, interactive Windows Claude Code session under Wine:
-every command kind, acked.
+every command kind, acked; and, before it, a first session whose relay
+finds Python and builds the daemon's environment itself.
 
 The Claude Code live test's world (claude_world.py), with Windows programs
 in it: the Windows claude.exe under Wine in the pseudo-terminal, the plugin
 loaded with --plugin-dir, the daemon run by Windows Python (the plugin's
-python option), and lich-mod-status run by Windows Python too. The
+python option; in the first session, from the environment the setup
+built), and lich-mod-status run by Windows Python too. The
 development lich and the fake model API are the Linux ones on loopback, as
 lich on the same machine would be: the session reaches them over 127.0.0.1.
 
@@ -20,6 +22,7 @@ order: run the module whole.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -32,9 +35,13 @@ from claude_world import ClaudeSession, World
 from devlich import Unavailable
 from test_session import (CUSTOM_COMMAND, assert_acked_ok, assert_answered, check_abort, check_effort_override, check_model_override,
                           furnish, main_request, send)
-from workspace import CHECKOUT, python_option
+from workspace import CHECKOUT, PLUGIN_NAME, python_option
 
 SESSION = "win-1"
+FIRST_SESSION = "win-setup"
+# The first session's setup: a virtual environment, and pip under Wine
+# installing requests and attrs from PyPI.
+SETUP_WAIT = 300.0
 # Wine's claude.exe takes 7 to 13 s to start on this machine class, and each
 # step a few seconds more than on Linux: the waits are wider.
 WAIT = 45.0
@@ -63,9 +70,9 @@ class WindowsSession(ClaudeSession):
     IDLE_WAIT = WAIT
     EXIT_WAIT = WAIT
 
-    def __init__(self, world: "WindowsWorld", session_id: str, plugin_dir: str):
+    def __init__(self, world: "WindowsWorld", session_id: str, plugin_dir: str, env=None):
         self.world = world
-        super().__init__(world, session_id, plugin_dir)
+        super().__init__(world, session_id, plugin_dir, env=env)
 
     def status(self) -> Optional[dict]:
         for entry in self.world.mod_status().get("daemons", []):
@@ -105,7 +112,7 @@ class WindowsWorld(World):
         return [shutil.which("wine") or "wine", *(windows_path(arg) if arg.startswith(inside) else arg for arg in argv)]
 
     def session(self, session_id, plugin_dir=None, args=(), env=None, name=None) -> WindowsSession:
-        return self.adopt(WindowsSession(self, session_id, plugin_dir))
+        return self.adopt(WindowsSession(self, session_id, plugin_dir, env))
 
     def mod_status(self) -> dict:
         """The Windows `lich-mod-status --json` (bin/lich-mod-status under Windows Python) on the run folder."""
@@ -129,6 +136,33 @@ def world():
     with world:
         furnish(world)
         yield world
+
+
+def test_a_first_session_with_no_python_option_runs_the_setup_with_python_after_py_and_polls(world):
+    # What a Windows user's first session runs: no python option, so the
+    # relay tries `py -3`, then `python`. Wine's PATH has the Windows
+    # Python's folder and no py.exe (python.org's installer, which carries
+    # it, cannot be had here). The embeddable package lacks venv and pip:
+    # the stand-in venv and the pip wheel beside the interpreter come first on
+    # PYTHONPATH, as in tests/test_runtime.py's build; pip installs from PyPI.
+    home = os.path.dirname(world.windows_python)
+    world.ws.write_settings({"pluginConfigs": {PLUGIN_NAME: {}}})
+    stand_ins = [os.path.join(CHECKOUT, "tests", "windows"), *glob.glob(os.path.join(home, "pip-*.whl"))[:1]]
+    env = {"WINEPATH": windows_path(home), "PYTHONPATH": ";".join(windows_path(path) for path in stand_ins)}
+    try:
+        first = world.session(FIRST_SESSION, plugin_dir=world.plugin, env=env)
+        status = first.wait_polling(timeout=SETUP_WAIT)
+    finally:
+        world.ws.write_settings(python_option(windows_path(world.windows_python)))
+    spawns = [line.split("$.process.spawn (lich-control): ", 1)[1] for line in first.debug_text().splitlines()
+              if "$.process.spawn (lich-control): " in line]
+    assert spawns[0].startswith("py failed to start: ENOENT"), spawns
+    assert spawns[1].startswith("python with 1 args"), spawns
+    assert spawns[2].startswith("python ended (0)"), spawns
+    env_python = first.wait_debug("lich-control setup: the environment is ready: ").split("is ready: ", 1)[1].strip()
+    assert env_python.endswith("\\Scripts\\python.exe"), env_python
+    assert spawns[3].startswith(f"{env_python} with 2 args") and f"(pid {status['daemon']['pid']})" in spawns[3], spawns
+    assert first.exit() == 0
 
 
 @pytest.fixture(scope="module")

