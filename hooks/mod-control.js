@@ -39,7 +39,9 @@ export function register(on) {
     return next(e)
   })
 
-  // Only the main loop's turn can be aborted with $.turn.abort.
+  // Only the main loop's turn can be aborted with $.turn.abort. A
+  // subagent's turn.start carries its agentId (2.1.299 on; before, a
+  // subagent raises none, only its turn.complete: docs/install.md).
   on('turn.start', async ($, e, next) => {
     if (e.agentId === undefined) bridge.turnStarted(e.turnId)
     return next(e)

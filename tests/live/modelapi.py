@@ -10,27 +10,41 @@ request whose last user text has the marker).
         api.base_url                              # ANTHROPIC_BASE_URL
         hold = api.hold("[hold-1]")               # the next request whose last user text has it
         hold.started.wait(t); hold.release()      # ...or hold.closed.wait(t): the client hung up
+        d = api.delegate("[go]", "the task")      # the next with "[go]" answered with a subagent call
+        d.returned.started.wait(t)                # the request bringing its result back, held
         api.wait_for(lambda r: ..., timeout=t)    # the first recorded Request that matches
         api.requests                              # every request so far, in arrival order
 
 Every answer's text names the question it answers (`ANSWER_PREFIX` and the
 request's last user text, cut short), so a fork's answer can be told apart.
+
+A delegation (`delegate(marker, task)`) answers the next streamed request
+whose last user text has the marker with one call of Claude Code's subagent
+tool (named as the request's `tools` name it: "Agent", or "Task" in older
+releases), `task` its prompt. The subagent's own request is answered as any
+other, and the main loop's request that brings the call's result back is
+held (`returned`, a Hold), so the turn the subagent ran in is still
+streaming when the test looks.
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import threading
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 from urllib.parse import parse_qs, urlsplit
 
 import attrs
 
-from fakeapi import FakeAPI, FakeAPIHandler
+from fakeapi import FakeAPI, FakeAPIHandler, Hold
 
 ANSWER_PREFIX = "fake-model says: "
 PING_SECONDS = 0.2
 NOT_HERE = {"type": "error", "error": {"type": "not_found_error", "message": "not here"}}
+# Claude Code's subagent tool, by the names its releases give it.
+SUBAGENT_TOOLS = ("Agent", "Task")
 
 
 @attrs.frozen(repr=False)
@@ -70,6 +84,23 @@ class Request:
         """The last user message's text blocks joined, or ''."""
         return "\n".join(self.last_user_blocks)
 
+    @property
+    def tool_results(self) -> Dict[str, str]:
+        """The tool results the last user message brings back: their text by
+        the id of the call each answers."""
+        for message in reversed((self.body or {}).get("messages") or []):
+            if message.get("role") == "user":
+                content = message.get("content")
+                blocks = content if isinstance(content, list) else []
+                return {block.get("tool_use_id", ""): "\n".join(message_texts(block))
+                        for block in blocks if isinstance(block, dict) and block.get("type") == "tool_result"}
+        return {}
+
+    @property
+    def tool_names(self) -> List[str]:
+        """The names of the tools the request offers the model."""
+        return [tool.get("name", "") for tool in (self.body or {}).get("tools") or [] if isinstance(tool, dict)]
+
     def text(self) -> str:
         """The whole body as JSON text: for 'does it appear anywhere' checks."""
         return json.dumps(self.body, ensure_ascii=False)
@@ -83,6 +114,23 @@ def message_texts(message: dict) -> List[str]:
     if isinstance(content, str):
         return [content]
     return [block.get("text", "") for block in content or [] if isinstance(block, dict) and block.get("type") == "text"]
+
+
+class Delegation:
+    """One prompt answered with a call of the subagent tool (the module's
+    docstring): `asked` the request it answers, `called` set once the call
+    went out (`tool`, the name it was sent under), `returned` the hold of
+    the main loop's request that brings its result back (its `request`
+    then; release() lets it finish)."""
+
+    def __init__(self, marker: str, task: str, call_id: str):
+        self.marker = marker
+        self.task = task
+        self.call_id = call_id
+        self.asked: Optional[Request] = None
+        self.tool: Optional[str] = None
+        self.called = threading.Event()
+        self.returned = Hold()
 
 
 def answer_for(request: Request) -> str:
@@ -118,7 +166,11 @@ class _Handler(FakeAPIHandler):
             self.stream(request)
 
     def stream(self, request: Request) -> None:
-        hold = self.api._claim_hold(request, request.last_user_text)
+        delegation = self.api._claim_delegation(request)
+        if delegation is not None:
+            self.call_subagent(request, delegation)
+            return
+        hold = self.api._claim_return(request) or self.api._claim_hold(request, request.last_user_text)
         try:
             with hold.serving() if hold is not None else contextlib.nullcontext():
                 self.start_message(request)
@@ -127,6 +179,29 @@ class _Handler(FakeAPIHandler):
                 self.finish_message(answer_for(request))
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client hung up; a hold has seen it
+
+    def call_subagent(self, request: Request, delegation: Delegation) -> None:
+        """The model's answer: one call of the subagent tool the request offers."""
+        offered = [name for name in SUBAGENT_TOOLS if name in request.tool_names]
+        if not offered:
+            # Claude Code then shows the model's error, and the test waiting on the call says it never went out.
+            self.reply_json(400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                             "message": f"no subagent tool ({' or '.join(SUBAGENT_TOOLS)}) offered"}})
+            return
+        delegation.tool = offered[0]
+        call = {"description": "a task for a subagent", "prompt": delegation.task, "subagent_type": "general-purpose"}
+        self.start_stream()
+        self.send_event({"type": "message_start", "message": _message(request, None)}, "message_start")
+        self.send_event({"type": "content_block_start", "index": 0,
+                         "content_block": {"type": "tool_use", "id": delegation.call_id, "name": delegation.tool, "input": {}}},
+                        "content_block_start")
+        self.send_event({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": json.dumps(call)}},
+                        "content_block_delta")
+        self.send_event({"type": "content_block_stop", "index": 0}, "content_block_stop")
+        self.send_event({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None}, "usage": {"output_tokens": 12}},
+                        "message_delta")
+        self.send_event({"type": "message_stop"}, "message_stop")
+        delegation.called.set()
 
     def start_message(self, request: Request) -> None:
         self.start_stream()
@@ -142,6 +217,40 @@ class _Handler(FakeAPIHandler):
 
 class ModelAPI(FakeAPI):
     Handler = _Handler
+
+    def __init__(self):
+        super().__init__()
+        self._delegations: List[Delegation] = []  # behind the record's condition, as the holds are
+        self._call_ids = itertools.count(1)
+
+    def delegate(self, marker: str, task: str) -> Delegation:
+        """Answer the next streamed request whose last user text has `marker`
+        with a call of the subagent tool, `task` its prompt, and hold the
+        request that brings its result back."""
+        with self._cond:
+            delegation = Delegation(marker, task, f"toolu_live_{next(self._call_ids)}")
+            self._delegations.append(delegation)
+            self._holds.append(delegation.returned)
+        return delegation
+
+    def _claim_delegation(self, request: Request) -> Optional[Delegation]:
+        """The delegation not yet called whose marker the request's last user text has."""
+        with self._cond:
+            for delegation in self._delegations:
+                if delegation.asked is None and delegation.marker in request.last_user_text and not request.tool_results:
+                    delegation.asked = request
+                    return delegation
+        return None
+
+    def _claim_return(self, request: Request) -> Optional[Hold]:
+        """The hold of the delegation whose call's result the request brings back."""
+        results = request.tool_results
+        with self._cond:
+            for delegation in self._delegations:
+                if delegation.call_id in results and delegation.returned.request is None:
+                    delegation.returned.request = request
+                    return delegation.returned
+        return None
 
     def messages(self, since: int = 0) -> List[Request]:
         """`POST /v1/messages` requests with a seq above `since`."""

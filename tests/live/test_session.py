@@ -49,7 +49,13 @@ def furnish(world):
 
 @pytest.fixture(scope="module")
 def session(world):
-    session = world.session(SESSION, plugin_dir=world.plugin)
+    # Check 4's subagent runs inside its turn, and unasked: Claude Code runs
+    # a subagent in the background unless background tasks are off (2.1.280,
+    # 2.1.296 and 2.1.299 measured), and in auto mode, 2.1.296's default,
+    # asks a classifier first, which here stops at a dialog; the default
+    # mode runs the subagent tool at once.
+    world.ws.write_settings({"permissions": {"defaultMode": "default"}})
+    session = world.session(SESSION, plugin_dir=world.plugin, env={"CLAUDE_CODE_DISABLE_BACKGROUND_TASKS": "1"})
     session.wait_polling(timeout=30)
     return session
 
@@ -186,6 +192,24 @@ def check_abort(world, session, mark, wait=WAIT):
 
 def test_4_an_abort_ends_a_streaming_turn_and_acks_ok(world, session):
     check_abort(world, session, "[live-4]")
+
+
+def test_4_an_abort_after_a_subagent_ran_in_the_turn_ends_the_main_turn(world, session):
+    """A subagent's run is a turn of its own, inside the main one: every
+    release raises its turn.complete, and from 2.1.299 its turn.start, each
+    with its agentId. The daemon still aborts the main turn."""
+    task = "a task for a subagent [live-4s-task]"
+    delegation = world.api.delegate("[live-4s]", task)
+    assert_acked_ok(send(world, session, "prompt", "delegate a task [live-4s]"))
+    assert delegation.called.wait(WAIT), "the model's call of the subagent tool never went out"
+    main_request(world, task)  # the subagent's own request
+    assert delegation.returned.started.wait(WAIT), f"the {delegation.tool} call's result never came back to the turn"
+    assert ANSWER_PREFIX + task in delegation.returned.request.tool_results[delegation.call_id], \
+        f"not the subagent's answer: {delegation.returned.request.tool_results}"
+    session.wait_status(lambda s: s["turn"] is not None, WAIT, "the daemon to hold the main turn still")
+    assert_acked_ok(send(world, session, "abort"))
+    assert delegation.returned.closed.wait(WAIT), "the abort did not close the main turn's stream"
+    session.wait_idle(WAIT)
 
 
 def test_4_an_abort_with_no_turn_acks_no_turn_is_running(world, session):
