@@ -16,6 +16,17 @@ const SYSTEM_PYTHONS = { posix: [['python3']], windows: [['py', '-3'], ['python'
 const LICH_PLUGIN = 'lich'
 // A Windows path: a drive letter, then a backslash (or a slash).
 const WINDOWS_PATH = /^[A-Za-z]:[\\/]/
+// Claude Code's words where it refuses a plugin's every $.http.fetch, before
+// it reads the URL: "<plugin>: $.http.fetch: refused: <why>" (2.1.280 to
+// 2.1.332); a fetch that failed otherwise names its URL before the word.
+const FETCH_REFUSED = /: \$\.http\.fetch: refused: (.+)$/s
+// Its why where that is CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC, set to any
+// value, on 2.1.280 to 2.1.287 (docs/install.md, "Which Claude Code").
+const NONESSENTIAL = 'nonessential network traffic is disabled'
+// A URL the check asks $.http.fetch for: no fetch takes it (not http), so
+// where fetches are allowed it is refused for its scheme, with no request
+// made and no line in the debug log.
+const PROBE = 'lich-control:probe'
 
 // One decision per loaded module, however often session.start fires.
 let claimed = false
@@ -63,17 +74,21 @@ async function supervise($, isInteractive) {
     if (!isInteractive || !(await insideLich($))) return
     // Asked all at once: each is a round trip to Claude Code's worker, and
     // the daemon's start waits on the last of them.
-    const [windows, otherPolls, env, named] = await Promise.all([
+    const [windows, otherPolls, env, named, refusal] = await Promise.all([
       onWindows($),
       lichPluginPolls($),
       hookEnv($),
       namedPython($),
+      fetchRefusal($),
     ])
     if (otherPolls) return
     // A line an earlier load of this module pinned (before /reload-plugins)
     // stays on screen until replaced: taken away first.
     shown = true
     show($, undefined)
+    // Its results could never reach it: a daemon would take lich's commands
+    // and never ack them.
+    if (refusal !== undefined) return refused($, refusal)
     const python = named ?? (await setUp($, env, SYSTEM_PYTHONS[windows ? 'windows' : 'posix']))
     if (python === null) return
     // Every command the session runs after inherits it: bin/lich-mod-status
@@ -155,6 +170,32 @@ async function insideLich($) {
   // The token is only looked at, never kept: the daemon reads it from the
   // environment it inherits from the host.
   return Boolean(port && token && session)
+}
+
+// Why Claude Code refuses this plugin's every $.http.fetch, and with them
+// the relay's posts to its daemon, in its own words; undefined where it
+// does not. It refuses on 2.1.280 to 2.1.287 while
+// CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set (from the environment or
+// the settings' env: the call is asked, not the variable), and wherever the
+// organization's policy keeps plugins off the network.
+async function fetchRefusal($) {
+  try {
+    await $.http.fetch(PROBE)
+  } catch (err) {
+    return FETCH_REFUSED.exec(messageOf(err))?.[1]
+  }
+  return undefined
+}
+
+// No daemon runs, said in the debug log and on screen in one row: the
+// cause, and what mends it.
+function refused($, reason) {
+  const traffic = reason.includes(NONESSENTIAL)
+  const mend = 'unset CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC or update Claude Code to 2.1.288 or later, then restart claude'
+  log($, `lich-control runs no daemon, so lich cannot control this session: Claude Code refuses the plugin's requests to it (${reason})${traffic ? `; ${mend}` : ''} (docs/install.md, "Which Claude Code")`)
+  show($, traffic
+    ? 'no lich control while CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set: unset it or update Claude Code to 2.1.288+, then restart claude'
+    : `lich cannot control this session: Claude Code refuses the plugin's requests (${reason})`)
 }
 
 // Whether Claude Code runs on Windows, where the system's Python has

@@ -130,10 +130,12 @@ class FakeSession {
         hookEnv: async () => ({ CLAUDE_PID: String(process.pid), CLAUDE_PLUGIN_ROOT: ROOT }),
         spawn: request => session.#spawn(request),
       },
-      // As Claude Code's fetch: on the socket it names, else to the URL's port
-      // (loopback), with the headers the relay gave.
+      // As Claude Code's fetch: its check of the URL (which fetches nothing),
+      // then on the socket it names, else to the URL's port (loopback), with
+      // the headers the relay gave.
       http: {
         fetch: async (url, init) => {
+          if (!/^https?:/.test(url)) throw new Error(`lich-control: $.http.fetch: ${url} refused: http or https only`)
           const { port, pathname } = new URL(url)
           const address = init.socketPath !== undefined ? { socket: init.socketPath } : { port: Number(port), secret: init.headers?.[SECRET_HEADER] }
           session.fetched.push({ url, socketPath: init.socketPath, secret: address.secret })

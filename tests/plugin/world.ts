@@ -124,6 +124,9 @@ export class World {
   refuseSetup: string | undefined
   // Interpreters (argv[0]) not found: a setup run with one is refused.
   missing: string[] = []
+  // Set, every $.http.fetch is refused, why in these words, as Claude Code
+  // 2.1.280 to 2.1.287 refuses them while nonessential traffic is off.
+  refuseFetch: string | undefined
   private held: (() => void)[] = []
   // What the test waits on, re-checked whenever the world changes.
   private waiters: { ready: () => boolean; resolve: () => void }[] = []
@@ -181,7 +184,10 @@ export class World {
       world.steps.push(e)
       return yield* world.respond(e)
     })
+    // Claude Code's gate first, then its check of the URL (neither fetches).
     on('http.fetch', async ($, e) => {
+      if (this.refuseFetch !== undefined) return { deny: `refused: ${this.refuseFetch}` }
+      if (!/^https?:/.test(e.url)) return { deny: `${e.url} refused: http or https only` }
       const path = new URL(e.url).pathname
       if (path === this.holdPath) {
         this.holdPath = undefined
