@@ -4,7 +4,7 @@
 // Only a mod reaches `$`, so this half has to live inside Claude Code; what
 // does not need `$` is bridge.js, which the opencode relay shares.
 
-import { Bridge, SECRET_HEADER, describe, messageOf, setupResult } from './bridge.js'
+import { Bridge, Refused, SECRET_HEADER, describe, messageOf, setupResult } from './bridge.js'
 
 // Builds the daemon's private Python environment and names its interpreter
 // (the script's own docstring has the protocol); run with the system's
@@ -98,6 +98,9 @@ async function supervise($, isInteractive) {
     // once), or once it is known none will be.
     if (shown) void bridge.daemon.promise.then(() => show($, undefined))
     await bridge.serve(host($, python, env))
+    // Refused once the daemon ran (its env changed in the settings, a
+    // policy read late): it was ended, and that is said.
+    if (bridge.refusal !== undefined) refused($, bridge.refusal)
   } finally {
     bridge.close()
   }
@@ -371,7 +374,7 @@ function host($, python, env) {
   const daemonEnv = env?.CLAUDE_PID ? { ...env, LICH_CONTROL_PARENT_PID: env.CLAUDE_PID } : env
   const request = { argv: [python, '-m', 'lich_control.daemon'], cwd: $.plugin.root, ...(daemonEnv && { env: daemonEnv }) }
   return {
-    run: onLine => run($, request, onLine),
+    run: (onLine, signal) => run($, request, onLine, signal),
     invoke: (method, args) => invoke($, method, args),
     send: (address, path, body) => send($, address, path, body),
     now: () => now($),
@@ -389,16 +392,28 @@ async function now($) {
   }
 }
 
-// Runs the daemon once, to its end; never throws.
-async function run($, request, onLine) {
+// Runs the daemon once, to its end, or until `signal` aborts; never throws.
+// The loop is the child's life: return() on its stream, even with a pull
+// pending (which then ends), has Claude Code send it SIGTERM, and SIGKILL
+// 2 s later (measured on 2.1.280 to 2.1.332); its result is then undefined,
+// and how it ended is not told.
+async function run($, request, onLine, signal) {
   const lines = lineReader(onLine)
   try {
     const child = $.process.spawn(request)
-    for await (const { stream, text } of child) {
-      if (stream === 'stderr') log($, text.trimEnd())
-      else lines.push(text)
+    const pieces = child[Symbol.asyncIterator]()
+    const leave = () => void Promise.resolve(pieces.return()).catch(() => undefined)
+    signal.addEventListener('abort', leave, { once: true })
+    try {
+      for (let piece; !(piece = await pieces.next()).done; ) {
+        const { stream, text } = piece.value
+        if (stream === 'stderr') log($, text.trimEnd())
+        else lines.push(text)
+      }
+    } finally {
+      signal.removeEventListener('abort', leave)
     }
-    return await child.result
+    return signal.aborted ? { code: null, signal: null } : await child.result
   } catch (err) {
     return { code: null, signal: null, error: messageOf(err) }
   }
@@ -450,12 +465,18 @@ async function send($, address, path, body) {
   const { socket, port, secret } = address
   const headers = { 'content-type': 'application/json', ...(secret !== undefined && { [SECRET_HEADER]: secret }) }
   const url = socket === undefined ? `http://127.0.0.1:${port}${path}` : `http://lich-control${path}`
-  const response = await $.http.fetch(url, {
-    method: 'POST',
-    headers,
-    body: JSON.stringify(body),
-    ...(socket !== undefined && { socketPath: socket }),
-  })
+  let response
+  try {
+    response = await $.http.fetch(url, {
+      method: 'POST',
+      headers,
+      body: JSON.stringify(body),
+      ...(socket !== undefined && { socketPath: socket }),
+    })
+  } catch (err) {
+    const reason = FETCH_REFUSED.exec(messageOf(err))?.[1]
+    throw reason === undefined ? err : new Refused(reason)
+  }
   return { status: response.status, text: response.text }
 }
 

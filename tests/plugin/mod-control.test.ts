@@ -287,6 +287,19 @@ describe('where Claude Code refuses the relay\'s requests', () => {
       `lich-control runs no daemon, so lich cannot control this session: Claude Code refuses the plugin's requests to it (${policy}) (docs/install.md, "Which Claude Code")`,
     ])
   })
+
+  test('once the daemon runs (its env changed in the settings): the daemon is ended, so that it acks what it holds, and not started again; said the same way', async ($, on) => {
+    const world = await connected($, on)
+    world.refuseFetch = NONESSENTIAL
+    world.child.call('c1', 'overrides.set', { model: 'claude-opus-4-1', effort: null })
+    await world.untilShown(NO_CONTROL)
+    expect(world.child.ended).toBe(true)
+    expect(world.logs).toContain(`lich-control: the host refuses the relay's posts to the daemon (/v1/result: ${NONESSENTIAL}); ending the daemon, which acks what it holds, and starting none again`)
+    // Past every restart's pause.
+    await world.clock.advance(60_000)
+    expect(world.children).toHaveLength(1)
+    expect(world.posts).toEqual([])
+  })
 })
 
 describe('the Python environment', () => {
