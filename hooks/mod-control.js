@@ -21,7 +21,8 @@ const WINDOWS_PATH = /^[A-Za-z]:[\\/]/
 // 2.1.332); a fetch that failed otherwise names its URL before the word.
 const FETCH_REFUSED = /: \$\.http\.fetch: refused: (.+)$/s
 // Its why where that is CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC, set to any
-// value, on 2.1.280 to 2.1.287 (docs/install.md, "Which Claude Code").
+// value, on 2.1.280 to 2.1.287 (docs/install.md, "Nonessential traffic,
+// before 2.1.288").
 const NONESSENTIAL = 'nonessential network traffic is disabled'
 // A URL the check asks $.http.fetch for: no fetch takes it (not http), so
 // where fetches are allowed it is refused for its scheme, with no request
@@ -195,7 +196,7 @@ async function fetchRefusal($) {
 function refused($, reason) {
   const traffic = reason.includes(NONESSENTIAL)
   const mend = 'unset CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC or update Claude Code to 2.1.288 or later, then restart claude'
-  log($, `lich-control runs no daemon, so lich cannot control this session: Claude Code refuses the plugin's requests to it (${reason})${traffic ? `; ${mend}` : ''} (docs/install.md, "Which Claude Code")`)
+  log($, `lich-control runs no daemon, so lich cannot control this session: Claude Code refuses the plugin's requests to it (${reason})${traffic ? `; ${mend}` : ''} (docs/install.md, "Nonessential traffic, before 2.1.288")`)
   show($, traffic
     ? 'no lich control while CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set: unset it or update Claude Code to 2.1.288+, then restart claude'
     : `lich cannot control this session: Claude Code refuses the plugin's requests (${reason})`)

@@ -272,7 +272,7 @@ describe('where Claude Code refuses the relay\'s requests', () => {
     expect(world.children).toHaveLength(0)
     expect(world.statuses).toEqual([undefined, NO_CONTROL])
     expect(world.logs).toEqual([
-      `lich-control runs no daemon, so lich cannot control this session: Claude Code refuses the plugin's requests to it (${NONESSENTIAL}); unset CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC or update Claude Code to 2.1.288 or later, then restart claude (docs/install.md, "Which Claude Code")`,
+      `lich-control runs no daemon, so lich cannot control this session: Claude Code refuses the plugin's requests to it (${NONESSENTIAL}); unset CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC or update Claude Code to 2.1.288 or later, then restart claude (docs/install.md, "Nonessential traffic, before 2.1.288")`,
     ])
   })
 
@@ -284,7 +284,7 @@ describe('where Claude Code refuses the relay\'s requests', () => {
     await world.clock.settle()
     expect(world.children).toHaveLength(0)
     expect(world.logs).toEqual([
-      `lich-control runs no daemon, so lich cannot control this session: Claude Code refuses the plugin's requests to it (${policy}) (docs/install.md, "Which Claude Code")`,
+      `lich-control runs no daemon, so lich cannot control this session: Claude Code refuses the plugin's requests to it (${policy}) (docs/install.md, "Nonessential traffic, before 2.1.288")`,
     ])
   })
 
