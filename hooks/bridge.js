@@ -36,6 +36,13 @@ export const NO_OVERRIDES = { model: null, effort: null }
 // The header a loopback daemon checks each request's secret in (bridge.md).
 export const SECRET_HEADER = 'X-Lich-Control-Secret'
 
+// What a host's send throws where the host refuses the relay's posts to the
+// daemon for good, whatever they carry (Claude Code 2.1.280 to 2.1.287 while
+// CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set, or an organization's
+// policy: docs/install.md); its message says why, in the host's words. No
+// retry mends it.
+export class Refused extends Error {}
+
 export class Bridge {
   constructor() {
     // Settles with the running daemon's address once its hello arrives, or
@@ -51,17 +58,27 @@ export class Bridge {
     this.turn = null
     // What the daemon set; a daemon's overrides end with it, as lich hears from it.
     this.overrides = NO_OVERRIDES
+    // Why, once the host refuses a post to the daemon: a daemon then takes
+    // lich's commands and can never report what came of them, so it is
+    // ended, and none runs again.
+    this.refusal = undefined
+    // Aborted, it ends the running daemon: one for each daemon's life.
+    this.ending = new AbortController()
     this.host = null
     this.posting = new Semaphore(POSTS_AT_ONCE)
   }
 
   // Runs the daemon to its end, and again after a crash, until it exits for
-  // good or the host has stopped; then no daemon will run. The host:
-  //   run(onLine)            runs the daemon once to its end, each stdout line
-  //                          to onLine; resolves {code, signal} or {error}, never rejects
+  // good, the host has stopped or it refuses the posts; then no daemon will
+  // run. The host:
+  //   run(onLine, signal)    runs the daemon once to its end, each stdout line
+  //                          to onLine; resolves {code, signal} or {error}, never rejects;
+  //                          ends the daemon (as a stop signal does) once the AbortSignal
+  //                          aborts, which only a send that throws Refused makes it do
   //   invoke(method, args)   performs a call of the daemon on the host
   //   send(address, path, body)  one POST to the daemon at `address` (its
-  //                          hello's: {socket} or {port, secret}): {status, text}
+  //                          hello's: {socket} or {port, secret}): {status, text};
+  //                          throws Refused where the host refuses it for good
   //   now(), sleep(ms)       the host's clock (now may give undefined)
   //   log(level, text)       a line for whoever debugs the relay
   //   stopped()              (optional) true once the relay is being unloaded
@@ -69,14 +86,15 @@ export class Bridge {
     this.host = host
     let restarts = 0
     let lockHeld = false
-    while (!host.stopped?.()) {
+    while (!host.stopped?.() && this.refusal === undefined) {
       // Not awaited: the daemon starts the moment serve() is called.
       const began = host.now()
-      const end = await host.run(line => this.#receive(line))
+      this.ending = new AbortController()
+      const end = await host.run(line => this.#receive(line), this.ending.signal)
       // Its address went with it: what comes next waits for the next hello.
       if (this.daemon.value !== undefined) this.daemon = deferred()
       this.overrides = NO_OVERRIDES
-      if (host.stopped?.() || end.code === 0) break
+      if (host.stopped?.() || this.refusal !== undefined || end.code === 0) break
       if (end.code === CONFIG_ERROR) {
         host.log('error', `the daemon ${describe(end)}: its configuration is wrong; not restarting it`)
         break
@@ -192,6 +210,7 @@ export class Bridge {
           if (status < 200 || status >= 300) this.host.log('warn', `the daemon answered ${status} to ${path}: ${text.trim()}`)
           return
         } catch (err) {
+          if (err instanceof Refused) return this.#refused(path, err.message)
           if (attempt === POST_ATTEMPTS || this.daemon !== life) {
             this.host.log('warn', `the daemon could not be reached for ${path}: ${messageOf(err)}`)
             return
@@ -202,6 +221,16 @@ export class Bridge {
     } finally {
       this.posting.release()
     }
+  }
+
+  // Ended, the daemon acks each command it holds with why (its shutdown;
+  // on Windows it is ended outright, and lich settles them as for any
+  // daemon gone), and the relay starts it no more.
+  #refused(path, reason) {
+    if (this.refusal !== undefined) return
+    this.host.log('error', `the host refuses the relay's posts to the daemon (${path}: ${reason}); ending the daemon, which acks what it holds, and starting none again`)
+    this.refusal = reason
+    this.ending.abort()
   }
 }
 

@@ -4,7 +4,7 @@
 // Only a mod reaches `$`, so this half has to live inside Claude Code; what
 // does not need `$` is bridge.js, which the opencode relay shares.
 
-import { Bridge, SECRET_HEADER, describe, messageOf, setupResult } from './bridge.js'
+import { Bridge, Refused, SECRET_HEADER, describe, messageOf, setupResult } from './bridge.js'
 
 // Builds the daemon's private Python environment and names its interpreter
 // (the script's own docstring has the protocol); run with the system's
@@ -16,6 +16,18 @@ const SYSTEM_PYTHONS = { posix: [['python3']], windows: [['py', '-3'], ['python'
 const LICH_PLUGIN = 'lich'
 // A Windows path: a drive letter, then a backslash (or a slash).
 const WINDOWS_PATH = /^[A-Za-z]:[\\/]/
+// Claude Code's words where it refuses a plugin's every $.http.fetch, before
+// it reads the URL: "<plugin>: $.http.fetch: refused: <why>" (2.1.280 to
+// 2.1.332); a fetch that failed otherwise names its URL before the word.
+const FETCH_REFUSED = /: \$\.http\.fetch: refused: (.+)$/s
+// Its why where that is CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC, set to any
+// value, on 2.1.280 to 2.1.287 (docs/install.md, "Nonessential traffic,
+// before 2.1.288").
+const NONESSENTIAL = 'nonessential network traffic is disabled'
+// A URL the check asks $.http.fetch for: no fetch takes it (not http), so
+// where fetches are allowed it is refused for its scheme, with no request
+// made and no line in the debug log.
+const PROBE = 'lich-control:probe'
 
 // One decision per loaded module, however often session.start fires.
 let claimed = false
@@ -65,17 +77,21 @@ async function supervise($, isInteractive) {
     if (!isInteractive || !(await insideLich($))) return
     // Asked all at once: each is a round trip to Claude Code's worker, and
     // the daemon's start waits on the last of them.
-    const [windows, otherPolls, env, named] = await Promise.all([
+    const [windows, otherPolls, env, named, refusal] = await Promise.all([
       onWindows($),
       lichPluginPolls($),
       hookEnv($),
       namedPython($),
+      fetchRefusal($),
     ])
     if (otherPolls) return
     // A line an earlier load of this module pinned (before /reload-plugins)
     // stays on screen until replaced: taken away first.
     shown = true
     show($, undefined)
+    // Its results could never reach it: a daemon would take lich's commands
+    // and never ack them.
+    if (refusal !== undefined) return refused($, refusal)
     const python = named ?? (await setUp($, env, SYSTEM_PYTHONS[windows ? 'windows' : 'posix']))
     if (python === null) return
     // Every command the session runs after inherits it: bin/lich-mod-status
@@ -85,6 +101,9 @@ async function supervise($, isInteractive) {
     // once), or once it is known none will be.
     if (shown) void bridge.daemon.promise.then(() => show($, undefined))
     await bridge.serve(host($, python, env))
+    // Refused once the daemon ran (its env changed in the settings, a
+    // policy read late): it was ended, and that is said.
+    if (bridge.refusal !== undefined) refused($, bridge.refusal)
   } finally {
     bridge.close()
   }
@@ -157,6 +176,32 @@ async function insideLich($) {
   // The token is only looked at, never kept: the daemon reads it from the
   // environment it inherits from the host.
   return Boolean(port && token && session)
+}
+
+// Why Claude Code refuses this plugin's every $.http.fetch, and with them
+// the relay's posts to its daemon, in its own words; undefined where it
+// does not. It refuses on 2.1.280 to 2.1.287 while
+// CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set (from the environment or
+// the settings' env: the call is asked, not the variable), and wherever the
+// organization's policy keeps plugins off the network.
+async function fetchRefusal($) {
+  try {
+    await $.http.fetch(PROBE)
+  } catch (err) {
+    return FETCH_REFUSED.exec(messageOf(err))?.[1]
+  }
+  return undefined
+}
+
+// No daemon runs, said in the debug log and on screen in one row: the
+// cause, and what mends it.
+function refused($, reason) {
+  const traffic = reason.includes(NONESSENTIAL)
+  const mend = 'unset CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC or update Claude Code to 2.1.288 or later, then restart claude'
+  log($, `lich-control runs no daemon, so lich cannot control this session: Claude Code refuses the plugin's requests to it (${reason})${traffic ? `; ${mend}` : ''} (docs/install.md, "Nonessential traffic, before 2.1.288")`)
+  show($, traffic
+    ? 'no lich control while CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set: unset it or update Claude Code to 2.1.288+, then restart claude'
+    : `lich cannot control this session: Claude Code refuses the plugin's requests (${reason})`)
 }
 
 // Whether Claude Code runs on Windows, where the system's Python has
@@ -332,7 +377,7 @@ function host($, python, env) {
   const daemonEnv = env?.CLAUDE_PID ? { ...env, LICH_CONTROL_PARENT_PID: env.CLAUDE_PID } : env
   const request = { argv: [python, '-m', 'lich_control.daemon'], cwd: $.plugin.root, ...(daemonEnv && { env: daemonEnv }) }
   return {
-    run: onLine => run($, request, onLine),
+    run: (onLine, signal) => run($, request, onLine, signal),
     invoke: (method, args) => invoke($, method, args),
     send: (address, path, body) => send($, address, path, body),
     now: () => now($),
@@ -350,16 +395,28 @@ async function now($) {
   }
 }
 
-// Runs the daemon once, to its end; never throws.
-async function run($, request, onLine) {
+// Runs the daemon once, to its end, or until `signal` aborts; never throws.
+// The loop is the child's life: return() on its stream, even with a pull
+// pending (which then ends), has Claude Code send it SIGTERM, and SIGKILL
+// 2 s later (measured on 2.1.280 to 2.1.332); its result is then undefined,
+// and how it ended is not told.
+async function run($, request, onLine, signal) {
   const lines = lineReader(onLine)
   try {
     const child = $.process.spawn(request)
-    for await (const { stream, text } of child) {
-      if (stream === 'stderr') log($, text.trimEnd())
-      else lines.push(text)
+    const pieces = child[Symbol.asyncIterator]()
+    const leave = () => void Promise.resolve(pieces.return()).catch(() => undefined)
+    signal.addEventListener('abort', leave, { once: true })
+    try {
+      for (let piece; !(piece = await pieces.next()).done; ) {
+        const { stream, text } = piece.value
+        if (stream === 'stderr') log($, text.trimEnd())
+        else lines.push(text)
+      }
+    } finally {
+      signal.removeEventListener('abort', leave)
     }
-    return await child.result
+    return signal.aborted ? { code: null, signal: null } : await child.result
   } catch (err) {
     return { code: null, signal: null, error: messageOf(err) }
   }
@@ -411,12 +468,18 @@ async function send($, address, path, body) {
   const { socket, port, secret } = address
   const headers = { 'content-type': 'application/json', ...(secret !== undefined && { [SECRET_HEADER]: secret }) }
   const url = socket === undefined ? `http://127.0.0.1:${port}${path}` : `http://lich-control${path}`
-  const response = await $.http.fetch(url, {
-    method: 'POST',
-    headers,
-    body: JSON.stringify(body),
-    ...(socket !== undefined && { socketPath: socket }),
-  })
+  let response
+  try {
+    response = await $.http.fetch(url, {
+      method: 'POST',
+      headers,
+      body: JSON.stringify(body),
+      ...(socket !== undefined && { socketPath: socket }),
+    })
+  } catch (err) {
+    const reason = FETCH_REFUSED.exec(messageOf(err))?.[1]
+    throw reason === undefined ? err : new Refused(reason)
+  }
   return { status: response.status, text: response.text }
 }
 

@@ -2,7 +2,7 @@ import pytest
 
 from claude_world import claude_binary
 from devlich import Unavailable
-from releases import degrade_releases, install_releases, release, session_releases
+from releases import degrade_releases, install_releases, refusing_releases, release, session_releases
 
 
 @pytest.fixture(scope="session")
@@ -37,4 +37,10 @@ def install_release(request, claude):
 @pytest.fixture(scope="session", params=degrade_releases())
 def degrade_release(request, claude):
     """Each release that must skip the mod cleanly, in turn."""
+    return installed(request.param, claude)
+
+
+@pytest.fixture(scope="session", params=refusing_releases())
+def refusing_release(request, claude):
+    """Each release that refuses the relay's requests while nonessential traffic is off, in turn."""
     return installed(request.param, claude)

@@ -8,6 +8,9 @@ the test needs it.
     LICH_LIVE_DEGRADE   the releases that must skip the mod cleanly (default: 2.1.278 2.1.200)
     LICH_LIVE_INSTALL   the releases the install check runs on (default: 2.1.325, the last
                         without $.process.hookEnv, and the pinned one)
+    LICH_LIVE_REFUSING  the releases whose refusal of the relay's requests (nonessential
+                        traffic off) must keep lich out, and say so (default: 2.1.280,
+                        which the session test installs already)
 
 Each is installed from the npm registry by .ci/claude-code when it is not
 cached yet; the pinned one is LICH_LIVE_CLAUDE's when that is set.
@@ -27,13 +30,16 @@ SESSION_RELEASES = ("2.1.280", "2.1.300", "2.1.325", PINNED)
 DEGRADE_RELEASES = ("2.1.278", "2.1.200")
 # The install check also runs where the relay names the data folder itself.
 INSTALL_RELEASES = ("2.1.325", PINNED)
+REFUSING_RELEASES = ("2.1.280",)
 
 # Mods are off by default from 2.1.280 to 2.1.285 in a session with no
 # feature-flag server, as here; this switch turns them on.
 FORCE_MODS = {"CLAUDE_CODE_ENABLE_FUNCTION_HOOKS": "1"}
 # Up to 2.1.287 Claude Code refuses every $.http.fetch of a plugin while
-# nonessential traffic is off, the relay's posts to its daemon included.
+# nonessential traffic is off, the relay's posts to its daemon included:
+# there lich cannot control the session (test_refused.py).
 TRAFFIC_ON = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": None}
+TRAFFIC_OFF = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
 
 
 def key(version: str) -> Tuple[int, ...]:
@@ -52,14 +58,20 @@ class Release:
         return key(self.version) >= (2, 1, 280)
 
     @property
+    def refuses_fetch(self) -> bool:
+        """Whether it refuses a plugin's every $.http.fetch while nonessential
+        traffic is off (2.1.280 to 2.1.287)."""
+        return self.runs_mods and key(self.version) < (2, 1, 288)
+
+    @property
     def env(self) -> Dict[str, Optional[str]]:
         """What a session on it needs for its mod to run, as changes to the
         environment (None removes): the switch before 2.1.286, and
-        nonessential traffic left on before 2.1.288."""
+        nonessential traffic left on where it would refuse the relay's requests."""
         env: Dict[str, Optional[str]] = {}
         if self.runs_mods and key(self.version) < (2, 1, 286):
             env.update(FORCE_MODS)
-        if self.runs_mods and key(self.version) < (2, 1, 288):
+        if self.refuses_fetch:
             env.update(TRAFFIC_ON)
         return env
 
@@ -99,6 +111,10 @@ def degrade_releases() -> List[str]:
 
 def install_releases() -> List[str]:
     return named("LICH_LIVE_INSTALL", INSTALL_RELEASES)
+
+
+def refusing_releases() -> List[str]:
+    return named("LICH_LIVE_REFUSING", REFUSING_RELEASES)
 
 
 def release(version: str, pinned_binary: str) -> Release:

@@ -10,6 +10,11 @@ const RETRY = `/usr/bin/python3 /plugin/hooks/lich_runtime.py --data ${DATA}`
 const FAILURE = `lich-control cannot set up its Python environment: ${PROBLEM}. To try again: ${RETRY} (the next session tries again too). Or set the plugin's python option to an interpreter that has lich-control installed, or install it by hand (docs/install.md)`
 // The line under the prompt while the setup builds.
 const BUILDING = 'setting up Python for lich (first run)…'
+// Why Claude Code 2.1.280 to 2.1.287 refuses every $.http.fetch while
+// CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set, in its words, and the line
+// under the prompt that says so.
+const NONESSENTIAL = 'nonessential network traffic is disabled for this session'
+const NO_CONTROL = 'no lich control while CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set: unset it or update Claude Code to 2.1.288+, then restart claude'
 
 describe('the gate', () => {
   for (const name of Object.keys(LICH)) {
@@ -253,6 +258,47 @@ describe('restarts', () => {
     expect(world.logs.find(line => line.includes('restart 1'))).toContain('no such file: python3')
     await world.clock.advance(1000)
     await world.untilSpawned(2)
+  })
+})
+
+// A daemon whose results Claude Code refuses to carry would take lich's
+// commands and never ack them.
+describe('where Claude Code refuses the relay\'s requests', () => {
+  test('from the start (2.1.280 to 2.1.287 with nonessential traffic off): no setup, no daemon, and the cause and its mending in the debug log and in one row on screen', async ($, on) => {
+    const world = await started($, on, { refuseFetch: NONESSENTIAL })
+    await world.untilShown(NO_CONTROL)
+    await world.clock.settle()
+    expect(world.setups).toHaveLength(0)
+    expect(world.children).toHaveLength(0)
+    expect(world.statuses).toEqual([undefined, NO_CONTROL])
+    expect(world.logs).toEqual([
+      `lich-control runs no daemon, so lich cannot control this session: Claude Code refuses the plugin's requests to it (${NONESSENTIAL}); unset CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC or update Claude Code to 2.1.288 or later, then restart claude (docs/install.md, "Nonessential traffic, before 2.1.288")`,
+    ])
+  })
+
+  test('for another cause, an organization\'s policy: said in Claude Code\'s words', async ($, on) => {
+    const policy = 'Network access from plugins is disabled by your organization\'s policy. Contact your organization admin to enable it.'
+    const world = await started($, on, { refuseFetch: policy })
+    const line = `lich cannot control this session: Claude Code refuses the plugin's requests (${policy})`
+    await world.untilShown(line)
+    await world.clock.settle()
+    expect(world.children).toHaveLength(0)
+    expect(world.logs).toEqual([
+      `lich-control runs no daemon, so lich cannot control this session: Claude Code refuses the plugin's requests to it (${policy}) (docs/install.md, "Nonessential traffic, before 2.1.288")`,
+    ])
+  })
+
+  test('once the daemon runs (its env changed in the settings): the daemon is ended, so that it acks what it holds, and not started again; said the same way', async ($, on) => {
+    const world = await connected($, on)
+    world.refuseFetch = NONESSENTIAL
+    world.child.call('c1', 'overrides.set', { model: 'claude-opus-4-1', effort: null })
+    await world.untilShown(NO_CONTROL)
+    expect(world.child.ended).toBe(true)
+    expect(world.logs).toContain(`lich-control: the host refuses the relay's posts to the daemon (/v1/result: ${NONESSENTIAL}); ending the daemon, which acks what it holds, and starting none again`)
+    // Past every restart's pause.
+    await world.clock.advance(60_000)
+    expect(world.children).toHaveLength(1)
+    expect(world.posts).toEqual([])
   })
 })
 

@@ -58,6 +58,11 @@ with StubLich(token=os.environ["LICH_TOKEN"]) as lich:
 class FakeSession {
   hooks = {}
   logs = []
+  // Called with each line $.ui.status pins.
+  shown = () => {}
+  // Set, Claude Code refuses every $.http.fetch, why in these words (2.1.280
+  // to 2.1.287 while nonessential traffic is off).
+  refusal = undefined
   children = []
   prompts = []
   forks = []
@@ -122,7 +127,12 @@ class FakeSession {
           return { pluginConfigs: { 'lich-control': { options: { python: PYTHON } } } }
         },
       },
-      ui: { log: text => session.logs.push(text) },
+      ui: {
+        log: text => session.logs.push(text),
+        status: text => {
+          if (text !== undefined) session.shown(text)
+        },
+      },
       // Where Claude Code would say it runs: this machine, in its words.
       session: { info: async () => ({ platform: { win32: 'windows', darwin: 'macos' }[process.platform] ?? 'linux' }) },
       clock: { sleep: ms => new Promise(resolve => setTimeout(resolve, ms).unref()), now: async () => Date.now() },
@@ -130,10 +140,13 @@ class FakeSession {
         hookEnv: async () => ({ CLAUDE_PID: String(process.pid), CLAUDE_PLUGIN_ROOT: ROOT }),
         spawn: request => session.#spawn(request),
       },
-      // As Claude Code's fetch: on the socket it names, else to the URL's port
-      // (loopback), with the headers the relay gave.
+      // As Claude Code's fetch: its gate, its check of the URL, then on the
+      // socket it names, else to the URL's port (loopback), with the headers
+      // the relay gave.
       http: {
         fetch: async (url, init) => {
+          if (session.refusal !== undefined) throw new Error(`lich-control: $.http.fetch: refused: ${session.refusal}`)
+          if (!/^https?:/.test(url)) throw new Error(`lich-control: $.http.fetch: ${url} refused: http or https only`)
           const { port, pathname } = new URL(url)
           const address = init.socketPath !== undefined ? { socket: init.socketPath } : { port: Number(port), secret: init.headers?.[SECRET_HEADER] }
           session.fetched.push({ url, socketPath: init.socketPath, secret: address.secret })
@@ -171,7 +184,9 @@ class FakeSession {
   }
 
   // $.process.spawn: the pieces as they come, then how the child ended.
-  // Like Claude Code's, the child's stdin is /dev/null and its stdout a pipe.
+  // Like Claude Code's, the child's stdin is /dev/null and its stdout a pipe,
+  // and leaving the loop (return(), a pull pending or not) ends the child:
+  // SIGTERM, then SIGKILL 2 s later; its result is then undefined.
   #spawn({ argv, cwd, env }) {
     const child = spawn(argv[0], argv.slice(1), {
       cwd,
@@ -183,6 +198,7 @@ class FakeSession {
     let wake = () => {}
     let end
     let failure
+    let left = false
     const push = piece => {
       pieces.push(piece)
       wake()
@@ -193,55 +209,81 @@ class FakeSession {
     child.on('close', (code, signal) => ((end = { code, signal }), wake()))
     let settle
     const result = new Promise(resolve => (settle = resolve))
-    const stream = (async function* () {
-      for (;;) {
-        if (pieces.length > 0) yield pieces.shift()
-        else if (failure) throw failure
-        else if (end) return settle(end), end
-        else await new Promise(resolve => (wake = resolve))
-      }
-    })()
-    stream.result = result
-    return stream
+    return {
+      [Symbol.asyncIterator]() {
+        return this
+      },
+      async next() {
+        for (;;) {
+          if (left) return { done: true, value: undefined }
+          if (pieces.length > 0) return { done: false, value: pieces.shift() }
+          if (failure) throw failure
+          if (end) return settle(end), { done: true, value: end }
+          await new Promise(resolve => (wake = resolve))
+        }
+      },
+      async return() {
+        if (!left && !end) {
+          child.kill('SIGTERM')
+          const kill = setTimeout(() => child.kill('SIGKILL'), 2000)
+          child.once('close', () => clearTimeout(kill))
+        }
+        left = true
+        settle(undefined)
+        wake()
+        return { done: true, value: undefined }
+      },
+      result,
+    }
   }
 }
 
-let lich
-let replies
 let session
 let runDir
+let send
+// Every lich and session started, for the end.
+const started = []
 
-// Queues one command in lich; resolves with what lich got back for it.
-async function send(command) {
-  lich.stdin.write(JSON.stringify(command) + '\n')
-  return JSON.parse((await replies.next()).value)
-}
-
-before(async () => {
-  lich = spawn(PYTHON, ['-c', LICH], {
-    env: { ...process.env, PYTHONPATH: [ROOT, join(ROOT, 'tests')].join(delimiter), LICH_TOKEN: TOKEN, LICH_SESSION_ID: SESSION },
+// A development lich, a session of the relay inside it, started with its
+// own run folder; send(command) queues one command in that lich and
+// resolves with what lich got back for it.
+async function inLich(sessionId) {
+  const lich = spawn(PYTHON, ['-c', LICH], {
+    env: { ...process.env, PYTHONPATH: [ROOT, join(ROOT, 'tests')].join(delimiter), LICH_TOKEN: TOKEN, LICH_SESSION_ID: sessionId },
     // Its stderr through a pipe, not inherited: Windows Python under Wine
     // dies at start on a stderr that is a Linux file.
     stdio: ['pipe', 'pipe', 'pipe'],
   })
   lich.stderr.pipe(process.stderr)
-  replies = createInterface({ input: lich.stdout })[Symbol.asyncIterator]()
+  const replies = createInterface({ input: lich.stdout })[Symbol.asyncIterator]()
   const port = (await replies.next()).value
-  runDir = mkdtempSync(join(tmpdir(), 'lcr-'))
-  session = new FakeSession({
+  const runDir = mkdtempSync(join(tmpdir(), 'lcr-'))
+  const session = new FakeSession({
     LICH_PORT: port,
     LICH_TOKEN: TOKEN,
-    LICH_SESSION_ID: SESSION,
+    LICH_SESSION_ID: sessionId,
     LICH_CONTROL_RUN_DIR: runDir,
   })
+  started.push({ lich, session, runDir })
   await session.load()
   await session.fire('session.start', { cwd: ROOT, surface: 'terminal', isInteractive: true }, { cwd: ROOT })
+  const send = async command => {
+    lich.stdin.write(JSON.stringify(command) + '\n')
+    return JSON.parse((await replies.next()).value)
+  }
+  return { session, runDir, send }
+}
+
+before(async () => {
+  ;({ session, runDir, send } = await inLich(SESSION))
 })
 
 after(async () => {
-  for (const child of session?.children ?? []) if (child.exitCode === null) child.kill('SIGTERM')
-  lich.kill('SIGTERM')
-  rmSync(runDir, { recursive: true, force: true })
+  for (const { lich, session, runDir } of started) {
+    for (const child of session.children) if (child.exitCode === null) child.kill('SIGTERM')
+    lich.kill('SIGTERM')
+    rmSync(runDir, { recursive: true, force: true })
+  }
 })
 
 test('commands from lich reach the session through the daemon and the relay, and are acked', { timeout: 60_000 }, async t => {
@@ -349,4 +391,29 @@ test('commands from lich reach the session through the daemon and the relay, and
     for (const line of session.logs) assert.ok(!line.includes(TOKEN), line)
     for (const child of session.children) assert.ok(!child.spawnargs.join(' ').includes(TOKEN))
   })
+})
+
+// Claude Code 2.1.280 to 2.1.287 refuses the relay's posts once
+// CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set, also mid-session, in
+// the settings' env. Windows has no SIGTERM: there the daemon is ended
+// outright, and lich settles what it held as for any daemon gone.
+if (!WINDOWS) test('where Claude Code starts refusing the relay\'s posts, the daemon is ended, acks the command it held with why, and is not started again', { timeout: 60_000 }, async () => {
+  const { session, send } = await inLich('card-refused')
+  const held = new Promise(begun => (session.begun = begun))
+  const acked = send({ id: 'r1', kind: 'command', name: 'hold' })
+  await held
+  const [daemon] = session.children
+  const exited = once(daemon, 'exit')
+  const shown = new Promise(show => (session.shown = show))
+  session.refusal = 'nonessential network traffic is disabled for this session'
+  session.release()
+  const { ack } = await acked
+  assert.deepEqual(ack, {
+    session_id: 'card-refused', id: 'r1', kind: 'command', ok: false,
+    error: 'the daemon stopped before the session answered (got SIGTERM)',
+  })
+  assert.deepEqual(await exited, [0, null])
+  // Shown once the relay is done with the daemon for good.
+  assert.equal(await shown, 'no lich control while CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set: unset it or update Claude Code to 2.1.288+, then restart claude')
+  assert.equal(session.children.length, 1)
 })

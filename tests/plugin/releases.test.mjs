@@ -74,7 +74,9 @@ class Session {
         spawn: request => session.#spawn(request),
       },
       http: {
+        // Claude Code's check of the URL first, which fetches nothing.
         fetch: async (url, init) => {
+          if (!/^https?:/.test(url)) throw new Error(`lich-control: $.http.fetch: ${url} refused: http or https only`)
           session.#note(() => session.posts.push({ path: new URL(url).pathname, body: JSON.parse(init.body) }))
           return { status: 204, text: '' }
         },

@@ -21,6 +21,9 @@ export class Child {
   private pieces: { stream: 'stdout' | 'stderr'; text: string }[] = []
   private end: Exit | undefined
   private wake: (() => void) | undefined
+  // Whether the relay ended it: Claude Code aborts the spawn's signal where
+  // the relay leaves the loop, and ends the child.
+  ended = false
 
   constructor(readonly request: any) {}
 
@@ -69,9 +72,14 @@ export class Child {
     this.poke()
   }
 
-  async *run(): AsyncGenerator<{ stream: 'stdout' | 'stderr'; text: string }, Exit> {
+  async *run(signal?: AbortSignal): AsyncGenerator<{ stream: 'stdout' | 'stderr'; text: string }, Exit> {
+    signal?.addEventListener('abort', () => {
+      this.ended = true
+      this.poke()
+    })
     for (;;) {
       const piece = this.pieces.shift()
+      if (this.ended) return { code: null, signal: 'SIGTERM' }
       if (piece) yield piece
       else if (this.end) return this.end
       else await new Promise<void>(resolve => (this.wake = resolve))
@@ -124,6 +132,9 @@ export class World {
   refuseSetup: string | undefined
   // Interpreters (argv[0]) not found: a setup run with one is refused.
   missing: string[] = []
+  // Set, every $.http.fetch is refused, why in these words, as Claude Code
+  // 2.1.280 to 2.1.287 refuses them while nonessential traffic is off.
+  refuseFetch: string | undefined
   private held: (() => void)[] = []
   // What the test waits on, re-checked whenever the world changes.
   private waiters: { ready: () => boolean; resolve: () => void }[] = []
@@ -161,7 +172,7 @@ export class World {
     on('fs.exists', ($, e) => ({ value: record(e.path) || e.path in this.files }))
     on('session.info', () => ({ value: { platform: this.platform as any, isHosted: false } }))
     const world = this
-    on('process.spawn', async function* ($, e) {
+    on('process.spawn', async function* ($, e, next) {
       if (e.argv.some(arg => String(arg).endsWith(SETUP))) {
         if (world.missing.includes(e.argv[0])) return { deny: `no such file: ${e.argv[0]}` }
         if (world.refuseSetup !== undefined) return { deny: world.refuseSetup }
@@ -175,13 +186,16 @@ export class World {
       world.children.push(child)
       world.changed()
       if (world.refuseSpawn !== undefined) return { deny: world.refuseSpawn }
-      return { value: yield* child.run() }
+      return { value: yield* child.run(next.signal) }
     })
     on('turn.step', async function* ($, e) {
       world.steps.push(e)
       return yield* world.respond(e)
     })
+    // Claude Code's gate first, then its check of the URL (neither fetches).
     on('http.fetch', async ($, e) => {
+      if (this.refuseFetch !== undefined) return { deny: `refused: ${this.refuseFetch}` }
+      if (!/^https?:/.test(e.url)) return { deny: `${e.url} refused: http or https only` }
       const path = new URL(e.url).pathname
       if (path === this.holdPath) {
         this.holdPath = undefined
