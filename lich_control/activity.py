@@ -135,12 +135,6 @@ class Activity:
                 }
             )
 
-    def abandoned(self, cid: str, why: str) -> None:
-        what = f"{self._clean(cid, ID_LIMIT)} not applied: {self._clean(why)}"
-        with self._lock:
-            self._in_flight.pop(cid, None)
-            self._note_error(time.monotonic(), what)
-
     def error(self, what: str) -> None:
         what = self._clean(what)
         with self._lock:

@@ -146,8 +146,10 @@ class Daemon:
 
         if self._started:
             within_grace("the poller", self.poller.stop)
-            self.worker.stop(0)  # from here nothing new starts
-            self.asks.stop(0)
+            # From here nothing new starts: what is still queued is acked
+            # as never applied, in the grace.
+            self.worker.stop(0, self.stop_reason)
+            self.asks.stop(0, self.stop_reason)
         # Every call still waiting on the session fails now, so that its
         # command is acked with why (the acks thread sends it in the grace).
         self.engine.close(f"the daemon stopped before the session answered ({self.stop_reason})")

@@ -28,6 +28,9 @@ log = logging.getLogger("lich_control.worker")
 # the relay is stuck, and lich hears so instead of waiting on nothing.
 QUICK_TIMEOUT = 10.0
 FORK_TIMEOUT = 300.0  # well past the 109 s the seed saw a real fork take
+# The ack of a command the daemon stopped before taking up: lich hears at
+# once that it never ran, instead of waiting out its own wait.
+NOT_APPLIED = "the daemon stopped before applying it"
 
 
 class Worker:
@@ -41,20 +44,23 @@ class Worker:
         self._activity = activity
         self._session_id = session_id
         self._thread = OrderedThread("lich-worker")
+        self._stopped = Stopped(acks, session_id)
         self.overrides = Overrides()
 
     def submit(self, command: Command) -> None:
         """Queue a command; never blocks, so the poller never waits here."""
-        self._thread.submit(f"{command.id} ({command.kind})", self._take, command)
+        if not self._thread.submit(f"{command.id} ({command.kind})", self._take, command):
+            self._stopped.ack(command)
 
-    def stop(self, timeout: float) -> bool:
-        """OrderedThread.stop: the commands still queued are not applied."""
+    def stop(self, timeout: float, why: Optional[str] = None) -> bool:
+        """OrderedThread.stop: each command still queued is acked as not
+        applied, with `why` (the first given)."""
+        self._stopped.why = self._stopped.why or why
         return self._thread.stop(timeout)
 
     def _take(self, command: Command) -> None:
         if self._thread.stopping:
-            self._activity.abandoned(command.id, "the daemon is stopping")
-            return
+            return self._stopped.ack(command)
         result = self._apply(command)
         if isinstance(result, Future):
             self._acks.send_when_done(result, lambda settled: self._ack(command, settled))
@@ -116,23 +122,39 @@ class Asks:
         # It writes each fork's call on stdout, off the poller's thread,
         # which a relay slow to read stdout must never hold.
         self._thread = OrderedThread("lich-ask")
+        self._stopped = Stopped(acks, session_id)
 
     def submit(self, command: Command) -> None:
         self._activity.waiting(command.id, "ask thread")
         if not self._thread.submit(f"the ask {command.id}", self._start, command):
-            log.info("the daemon is stopping: %s is not asked", command.id)
+            self._stopped.ack(command)
 
-    def stop(self, timeout: float) -> bool:
-        """OrderedThread.stop: the asks still queued are not asked."""
+    def stop(self, timeout: float, why: Optional[str] = None) -> bool:
+        """OrderedThread.stop: each ask still queued is acked as not asked,
+        with `why` (the first given)."""
+        self._stopped.why = self._stopped.why or why
         return self._thread.stop(timeout)
 
     def _start(self, command: Command) -> None:
         if self._thread.stopping:
-            self._activity.abandoned(command.id, "the daemon is stopping")
-            return
+            return self._stopped.ack(command)
         self._activity.waiting(command.id, "fork")
         fork = self._engine.call("model.fork", {"prompt": ask_prompt(command.question)}, FORK_TIMEOUT)
         self._acks.send_when_done(fork, lambda result: fork_ack(self._session_id, command, result))
+
+
+@attrs.define
+class Stopped:
+    """The acks of the commands a stopping daemon will not take up, sent
+    from the thread that finds one: queued, or refused by a stopped queue."""
+
+    _acks: Acks
+    _session_id: str
+    why: Optional[str] = None  # set once, before the queue is stopped
+
+    def ack(self, command: Command) -> None:
+        error = NOT_APPLIED if self.why is None else f"{NOT_APPLIED} ({self.why})"
+        self._acks.send(Ack(self._session_id, command.id, command.kind, ok=False, error=error))
 
 
 def fork_ack(session_id: str, command: Command, result: CallResult) -> Ack:

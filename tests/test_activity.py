@@ -75,7 +75,6 @@ def test_no_text_given_to_activity_brings_the_token_into_the_document():
     a.received("m2", "prompt")
     a.waiting("m2", said)
     a.acked(f"m{TOKEN}", f"kind{QUOTED}", False, said, sent=said)
-    a.abandoned(said, said)
     a.error(said)
     a.set_overrides(Overrides(model=said, effort=said))
     doc = json.dumps(a.snapshot(), ensure_ascii=False)

@@ -113,6 +113,19 @@ def test_sigterm_even_blocked_by_the_parent_cuts_the_parked_poll_removes_the_soc
 
 
 @POSIX_SIGNALS
+def test_at_sigterm_a_call_waiting_on_the_session_and_the_command_queued_behind_it_are_each_acked_with_why(relay, lich):
+    r = started(relay, lich)
+    lich.queue_all("s1", [{"id": "m1", "kind": "model", "model": "claude-opus-4-1"}, {"id": "m2", "kind": "prompt", "text": "next"}])
+    assert r.next_call()["method"] == "overrides.set"  # awaited: the prompt waits behind it
+    r.proc.send_signal(signal.SIGTERM)
+    assert r.wait_exit(EXIT_WITHIN) == 0
+    assert lich.record.ack_for("m1", WAIT)["error"] == "the daemon stopped before the session answered (got SIGTERM)"
+    assert lich.record.ack_for("m2", WAIT) == {
+        "session_id": "s1", "id": "m2", "kind": "prompt", "ok": False, "error": "the daemon stopped before applying it (got SIGTERM)",
+    }
+
+
+@POSIX_SIGNALS
 def test_an_ack_already_being_sent_finishes_within_the_grace(relay, lich):
     r = relay()
     r.wait_hello()

@@ -170,15 +170,24 @@ def test_a_command_that_fails_unexpectedly_costs_itself_alone(make_rig, caplog):
     assert "m12 (rewind) was lost" in caplog.text and "RuntimeError: on purpose" in caplog.text
 
 
-def test_stop_starts_nothing_new_and_lets_the_ack_under_way_finish(rig):
+def test_stop_lets_the_ack_under_way_finish_and_acks_what_was_queued_as_never_applied(rig):
     rig.turns.started("t1")
     rig.send(Command(id="m2", kind="abort"), Command(id="m3", kind="model", model="x"))
     rig.engine.wait_calls(1)
-    assert rig.worker.stop(0) is False  # stop arrives while the abort is applied
+    assert rig.worker.stop(0, "got SIGTERM") is False  # stop arrives while the abort is applied
     rig.engine.settle(0)
     assert rig.worker.stop(WAIT)
     assert [c[0] for c in rig.engine.calls] == ["turn.abort"]
-    assert [a.id for a in rig.client.acks] == ["m2"]
+    assert rig.acks_sent(2) == [("m2", True, None), ("m3", False, "the daemon stopped before applying it (got SIGTERM)")]
+
+
+def test_a_command_or_an_ask_that_comes_once_they_have_stopped_is_acked_as_never_applied(rig):
+    rig.worker.stop(WAIT, "lich answered 404")
+    rig.asks.stop(WAIT, "lich answered 404")
+    rig.send(Command(id="m4", kind="model", model="x"), ask("a1", "still there?"))
+    said = "the daemon stopped before applying it (lich answered 404)"
+    assert rig.acks_sent(2) == [("m4", False, said), ("a1", False, said)]
+    assert rig.engine.calls == []
 
 
 # -- asks ----------------------------------------------------------------------------
