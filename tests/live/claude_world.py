@@ -22,7 +22,7 @@ import subprocess
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from devlich import python
-from modelapi import ModelAPI
+from modelapi import ANSWER_PREFIX, ModelAPI
 from world import HostSession, LiveWorld, lich_env, pinned_binary
 from workspace import PLUGIN_NAME, new_api_key, python_option
 
@@ -68,6 +68,20 @@ class ClaudeSession(HostSession):
     def log_lines(self) -> Tuple[str, List[str]]:
         return (f"debug log {self.debug_log}",
                 [line for line in self.debug_text().splitlines() if PLUGIN_NAME in line or "[ERROR]" in line])
+
+
+def check_answers_and_lich_is_refused(world: "World", session: ClaudeSession, marker: str, timeout: float) -> None:
+    """A session no mod polls for: it answers a prompt typed into it, and
+    lich refuses to control it with its "no mod has ever polled"."""
+    # The prompt box is up once its footer shows (as releases word it); keys
+    # typed before are lost.
+    session.terminal.wait_for_text(("? for shortcuts", "shift+tab to cycle"), timeout)
+    session.enter(f"are you there? {marker}")
+    world.api.wait_for(lambda r: r.is_message and marker in r.last_user_text, timeout, "the typed prompt's request")
+    session.terminal.wait_for_text(ANSWER_PREFIX, timeout)
+    outcome = world.lich.control(session.session_id, "prompt", "anyone there?", timeout=5)
+    assert outcome["ok"] is False and not outcome.get("delivered"), outcome
+    assert "no mod has ever polled for it" in outcome["error"], outcome
 
 
 class World(LiveWorld):

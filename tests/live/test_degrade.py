@@ -5,8 +5,7 @@ the plugin loaded from a folder inside lich: the session works, lich
 refuses to control it with its "no mod has ever polled" message, and
 neither the screen nor the debug log shows an error or a warning from the
 plugin."""
-from claude_world import World
-from modelapi import ANSWER_PREFIX
+from claude_world import World, check_answers_and_lich_is_refused
 from workspace import PLUGIN_NAME
 
 SESSION = "degrade-1"
@@ -17,15 +16,7 @@ def test_the_session_works_lich_is_refused_and_the_plugin_says_nothing_wrong(deg
     assert not degrade_release.runs_mods, f"{degrade_release} runs mods: it belongs in LICH_LIVE_RELEASES"
     with World(degrade_release.binary, claude_env=degrade_release.env) as world:
         session = world.session(SESSION, plugin_dir=world.ws.copy_checkout())
-        # The prompt box is up once its hint line shows; keys typed before are lost.
-        session.terminal.wait_for_text("? for shortcuts", WAIT)
-        session.enter("are you there? [degrade]")
-        world.api.wait_for(lambda r: r.is_message and "[degrade]" in r.last_user_text, WAIT, "the typed prompt's request")
-        session.terminal.wait_for_text(ANSWER_PREFIX, WAIT)
-
-        outcome = world.lich.control(SESSION, "prompt", "anyone there?", timeout=5)
-        assert outcome["ok"] is False and not outcome.get("delivered"), outcome
-        assert "no mod has ever polled for it" in outcome["error"], outcome
+        check_answers_and_lich_is_refused(world, session, "[degrade]", WAIT)
 
         debug = session.debug_text().splitlines()
         assert any(PLUGIN_NAME in line for line in debug), "the debug log never names the plugin: was it loaded?"

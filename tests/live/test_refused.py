@@ -17,9 +17,8 @@ import os
 
 import pytest
 
-from claude_world import World
+from claude_world import World, check_answers_and_lich_is_refused
 from devlich import python
-from modelapi import ANSWER_PREFIX
 from processes import pid_ended
 from releases import TRAFFIC_OFF
 from workspace import PLUGIN_NAME, python_option
@@ -50,16 +49,7 @@ def plugin_trouble(world, session):
 def test_set_from_the_start_no_daemon_runs_the_session_works_and_lich_is_refused(world):
     session = world.session(FROM_THE_START, plugin_dir=world.plugin, env=TRAFFIC_OFF)
     session.wait_for_screen(f"{PLUGIN_NAME}: {LINE}", WAIT)
-    # The prompt box is up once its footer shows (as releases word it); keys
-    # typed before are lost.
-    session.terminal.wait_for_text(("? for shortcuts", "shift+tab to cycle"), WAIT)
-    session.enter("are you there? [refused]")
-    world.api.wait_for(lambda r: r.is_message and "[refused]" in r.last_user_text, WAIT, "the typed prompt's request")
-    session.terminal.wait_for_text(ANSWER_PREFIX, WAIT)
-
-    outcome = world.lich.control(FROM_THE_START, "prompt", "anyone there?", timeout=5)
-    assert outcome["ok"] is False and not outcome.get("delivered"), outcome
-    assert "no mod has ever polled for it" in outcome["error"], outcome
+    check_answers_and_lich_is_refused(world, session, "[refused]", WAIT)
     # Nothing was started: no setup, no daemon (which would have left its log).
     assert "$.process.spawn (lich-control)" not in session.debug_text()
     assert not os.path.exists(os.path.join(world.ws.run_dir, f"{FROM_THE_START}.log"))
