@@ -62,6 +62,19 @@ def wine_program(variable: str) -> str:
     return path
 
 
+def windows_mod_status(windows_python: str, run_dir: str) -> dict:
+    """The Windows `lich-mod-status --json` (bin/lich-mod-status under Windows Python) on the run folder."""
+    env = {name: os.environ[name] for name in (*WINE_VARIABLES, "PATH", "HOME") if name in os.environ}
+    env["LICH_CONTROL_RUN_DIR"] = windows_path(run_dir)
+    done = subprocess.run(["wine", windows_python, windows_path(os.path.join(CHECKOUT, "bin", "lich-mod-status")), "--json"],
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        raise AssertionError(f"the Windows lich-mod-status --json printed no JSON (exit {done.returncode}): "
+                             f"{done.stderr.strip()[-1500:]!r}") from None
+
+
 class WindowsSession(ClaudeSession):
     """The Windows Claude Code in the pseudo-terminal, under Wine; its
     daemon's status from the Windows lich-mod-status."""
@@ -115,16 +128,7 @@ class WindowsWorld(World):
         return self.adopt(WindowsSession(self, session_id, plugin_dir, env))
 
     def mod_status(self) -> dict:
-        """The Windows `lich-mod-status --json` (bin/lich-mod-status under Windows Python) on the run folder."""
-        env = {name: os.environ[name] for name in (*WINE_VARIABLES, "PATH", "HOME") if name in os.environ}
-        env["LICH_CONTROL_RUN_DIR"] = windows_path(self.ws.run_dir)
-        done = subprocess.run(["wine", self.windows_python, windows_path(os.path.join(CHECKOUT, "bin", "lich-mod-status")), "--json"],
-                              env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
-        try:
-            return json.loads(done.stdout)
-        except ValueError:
-            raise AssertionError(f"the Windows lich-mod-status --json printed no JSON (exit {done.returncode}): "
-                                 f"{done.stderr.strip()[-1500:]!r}") from None
+        return windows_mod_status(self.windows_python, self.ws.run_dir)
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,7 @@ class Opencode:
         provider, and the relay as a plugin, as docs/opencode.md installs it:
         with its python option naming the interpreter that has the project
         installed, or, without, left to set its own environment up."""
-        plugin = [RELAY, {"python": python()}] if python_option else RELAY
+        plugin = self.plugin(python_option)
         config = {
             "$schema": "https://opencode.ai/config.json",
             "autoupdate": False,
@@ -105,6 +105,10 @@ class Opencode:
                            json.dumps(config, indent=2))
         for folder in (self.config_dir, os.path.join(self.ws.work, ".opencode")):
             provide_plugin_dependency(folder)
+
+    def plugin(self, python_option: bool):
+        """The relay's entry in the configuration's plugin list."""
+        return [RELAY, {"python": python()}] if python_option else RELAY
 
     def sessions(self) -> List[tuple]:
         """(id, title, parent) of every session opencode keeps, from its database."""
@@ -146,7 +150,7 @@ class OpencodeSession(HostSession):
     def __init__(self, world: "World", session_id: str):
         self.oc = world.oc
         self.started = time.monotonic()
-        super().__init__(world.ws, [world.binary], world.oc.env(world.lich, session_id), session_id, world.watch)
+        super().__init__(world.ws, world.argv(), world.oc.env(world.lich, session_id), session_id, world.watch)
 
     def log_lines(self) -> Tuple[str, List[str]]:
         return "opencode's log", [line for line in self.oc.log().splitlines() if "lich" in line or "level=ERROR" in line]
@@ -165,6 +169,10 @@ class World(LiveWorld):
     def prepare(self) -> None:
         self.oc = Opencode(self.ws)
         self.oc.install(self.api)
+
+    def argv(self) -> List[str]:
+        """How the interactive opencode is started."""
+        return [self.binary]
 
     def session(self, session_id: str) -> OpencodeSession:
         return self.adopt(OpencodeSession(self, session_id))
