@@ -224,7 +224,7 @@ def test_a_second_daemon_for_the_session_exits_75_to_be_started_again_and_polls_
     assert lines == ["lich-control: another daemon is still polling for session s1; exiting, to be started again once it is gone"]
     assert len(lich.record.polls) == 1  # only the first one ever polled
     assert first.proc.poll() is None and first.status()["daemon"]["pid"] == first.proc.pid
-    first.stop()  # what docs/operations.md has a person do: kill the old daemon
+    first.stop()  # what docs/troubleshooting.md has a person do: kill the old daemon
     again = relay()
     again.wait_hello()
     assert lich.wait_polled("s1", WAIT, more_than=1, parked=True)
