@@ -141,19 +141,22 @@ class Acks:
 
     def send_when_done(self, future: "Future[CallResult]", ack_of: Callable[[CallResult], Ack]) -> None:
         """Once `future` settles, send `ack_of` its result from the ack thread."""
-        future.add_done_callback(lambda done: self._submit(done, ack_of))
+        future.add_done_callback(lambda done: self.send_later(lambda: ack_of(done.result())))
+
+    def send_later(self, make: Callable[[], Ack]) -> None:
+        """Queue the ack `make()` builds for the ack thread, and return."""
+        self._thread.submit("an ack", lambda: self.send(make()), _too_late)
 
     def stop(self, timeout: float) -> bool:
         """OrderedThread.stop: the acks already queued still go."""
         return self._thread.stop(timeout)
-
-    def _submit(self, done: "Future[CallResult]", ack_of: Callable[[CallResult], Ack]) -> None:
-        """In the settling thread: queue the ack for the ack thread, and return."""
-        if not self._thread.submit("an ack", lambda: self.send(ack_of(done.result()))):
-            log.info("the daemon is stopping: a call settled now is not acked")
 
     def _client(self) -> LichClient:
         client = getattr(self._local, "client", None)
         if client is None:
             client = self._local.client = self._client_factory()
         return client
+
+
+def _too_late(why: Optional[str]) -> None:
+    log.info("the daemon is stopping: a call settled now is not acked")

@@ -11,8 +11,9 @@ the call it started, and never sends: `Acks` sends, from one place.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future
-from typing import Optional, Union
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Optional, Set, Union
 
 import attrs
 
@@ -31,6 +32,9 @@ FORK_TIMEOUT = 300.0  # well past the 109 s the seed saw a real fork take
 # The ack of a command the daemon stopped before taking up: lich hears at
 # once that it never ran, instead of waiting out its own wait.
 NOT_APPLIED = "the daemon stopped before applying it"
+# An ask's job only writes the fork's call and returns (a fork in flight
+# holds no thread), so a few threads start any number of asks at once.
+ASK_THREADS = 4
 
 
 class Worker:
@@ -44,23 +48,23 @@ class Worker:
         self._activity = activity
         self._session_id = session_id
         self._thread = OrderedThread("lich-worker")
-        self._stopped = Stopped(acks, session_id)
         self.overrides = Overrides()
 
     def submit(self, command: Command) -> None:
-        """Queue a command; never blocks, so the poller never waits here."""
-        if not self._thread.submit(f"{command.id} ({command.kind})", self._take, command):
-            self._stopped.ack(command)
+        """Queue a command; never blocks, so the poller never waits here.
+        Once stopped, it is acked as never applied instead."""
+        self._thread.submit(
+            f"{command.id} ({command.kind})",
+            lambda: self._take(command),
+            lambda why: self._acks.send(not_applied(self._session_id, command, why)),
+        )
 
     def stop(self, timeout: float, why: Optional[str] = None) -> bool:
-        """OrderedThread.stop: each command still queued is acked as not
+        """OrderedThread.stop: each command still queued is acked as never
         applied, with `why` (the first given)."""
-        self._stopped.why = self._stopped.why or why
-        return self._thread.stop(timeout)
+        return self._thread.stop(timeout, why)
 
     def _take(self, command: Command) -> None:
-        if self._thread.stopping:
-            return self._stopped.ack(command)
         result = self._apply(command)
         if isinstance(result, Future):
             self._acks.send_when_done(result, lambda settled: self._ack(command, settled))
@@ -108,10 +112,11 @@ class Worker:
 class Asks:
     """Side questions, each answered by a fork beside the turn.
 
-    An ask starts the moment its poll returns, several at once, and is acked
-    whenever its fork answers, or failed at its deadline; a fork in flight
-    holds no thread, its ack goes from `Acks` once it settles. The ordered
-    thread that writes the fork calls is this object's.
+    An ask starts the moment its poll returns, several at once, on the
+    pool's threads, and is acked whenever its fork answers, or failed at its
+    deadline; a fork in flight holds no thread, its ack goes from `Acks`
+    once it settles. The pool, its jobs not yet done and the stop's reason
+    are this object's; the lock guards the jobs.
     """
 
     def __init__(self, engine: Engine, acks: Acks, activity: Activity, session_id: str):
@@ -119,42 +124,59 @@ class Asks:
         self._acks = acks
         self._activity = activity
         self._session_id = session_id
-        # It writes each fork's call on stdout, off the poller's thread,
-        # which a relay slow to read stdout must never hold.
-        self._thread = OrderedThread("lich-ask")
-        self._stopped = Stopped(acks, session_id)
+        # Its threads write each fork's call on stdout, off the poller's
+        # thread, which a relay slow to read stdout must never hold.
+        self._pool = ThreadPoolExecutor(max_workers=ASK_THREADS, thread_name_prefix="lich-ask")
+        self._lock = threading.Lock()
+        self._jobs: Set["Future[None]"] = set()
+        self._why: Optional[str] = None
 
     def submit(self, command: Command) -> None:
+        """Start the ask on the pool; never blocks. Once stopped, it is
+        acked as never asked instead."""
         self._activity.waiting(command.id, "ask thread")
-        if not self._thread.submit(f"the ask {command.id}", self._start, command):
-            self._stopped.ack(command)
+        try:
+            job = self._pool.submit(self._start, command)
+        except RuntimeError:  # the pool is shut down: the daemon is stopping
+            return self._refuse(command)
+        with self._lock:
+            self._jobs.add(job)
+        job.add_done_callback(lambda done: self._done(command, done))
 
     def stop(self, timeout: float, why: Optional[str] = None) -> bool:
-        """OrderedThread.stop: each ask still queued is acked as not asked,
-        with `why` (the first given)."""
-        self._stopped.why = self._stopped.why or why
-        return self._thread.stop(timeout)
+        """Start nothing new: each ask not yet started is acked as never
+        asked, with `why` (the first given); those being started finish
+        within `timeout`. True once none is left. A second call only waits again."""
+        self._why = self._why or why
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            jobs = list(self._jobs)
+        return not wait(jobs, timeout).not_done
 
     def _start(self, command: Command) -> None:
-        if self._thread.stopping:
-            return self._stopped.ack(command)
         self._activity.waiting(command.id, "fork")
         fork = self._engine.call("model.fork", {"prompt": ask_prompt(command.question)}, FORK_TIMEOUT)
         self._acks.send_when_done(fork, lambda result: fork_ack(self._session_id, command, result))
 
+    def _done(self, command: Command, job: "Future[None]") -> None:
+        """The job's done-callback, in the thread that ran or cancelled it:
+        a cancelled ask is acked, a failed one said (a Future keeps its job's exception)."""
+        with self._lock:
+            self._jobs.discard(job)
+        if job.cancelled():
+            self._refuse(command)
+        elif job.exception() is not None:
+            log.error("the ask %s was lost", command.id, exc_info=job.exception())
 
-@attrs.define
-class Stopped:
-    """The acks of the commands a stopping daemon will not take up, sent
-    from the thread that finds one: queued, or refused by a stopped queue."""
+    def _refuse(self, command: Command) -> None:
+        # From the ack thread: a cancel runs this in the thread that stops the daemon.
+        self._acks.send_later(lambda: not_applied(self._session_id, command, self._why))
 
-    _acks: Acks
-    _session_id: str
-    why: Optional[str] = None  # set once, before the queue is stopped
 
-    def ack(self, command: Command) -> None:
-        error = NOT_APPLIED if self.why is None else f"{NOT_APPLIED} ({self.why})"
-        self._acks.send(Ack(self._session_id, command.id, command.kind, ok=False, error=error))
+def not_applied(session_id: str, command: Command, why: Optional[str]) -> Ack:
+    """The ack of a command the stopping daemon did not take up."""
+    error = NOT_APPLIED if why is None else f"{NOT_APPLIED} ({why})"
+    return Ack(session_id, command.id, command.kind, ok=False, error=error)
 
 
 def fork_ack(session_id: str, command: Command, result: CallResult) -> Ack:

@@ -15,6 +15,7 @@ from lich_dev.rules import (
     PLUGIN_TOO_OLD,
     Refused,
     check_command,
+    go_quote,
     parse_json,
     reported_error,
     validate_ack,
@@ -39,9 +40,28 @@ def ack(**fields):
 # -- queueing: queueModCommand -----------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["rewind", "", None, 7])
-def test_a_kind_lich_does_not_know_is_refused_in_lichs_words(kind):
-    assert refusal({"kind": kind}) == f"unknown mod command kind {json.dumps(str(kind))}"
+@pytest.mark.parametrize(
+    "kind, quoted",
+    [("rewind", '"rewind"'), ("", '""'), (None, '""'), ("\x01", '"\\x01"'), ("\u00a0", '"\\u00a0"'), ("é", '"é"')],
+)
+def test_a_kind_lich_does_not_know_is_refused_in_lichs_words_and_gos_quoting(kind, quoted):
+    assert refusal({"kind": kind}) == f"unknown mod command kind {quoted}"
+
+
+@pytest.mark.parametrize(
+    "text, quoted",
+    # Each as Go 1.19's fmt.Sprintf("%q", text) printed it.
+    [
+        ("a\"b\\c", '"a\\"b\\\\c"'),
+        ("\n\t\x7f\x1b", '"\\n\\t\\x7f\\x1b"'),
+        ("\u00a0\u2028\u200b\u3000", '"\\u00a0\\u2028\\u200b\\u3000"'),
+        ("é€😀\u0300", '"é€😀\u0300"'),
+        ("\U000e0001\U0010ffff", '"\\U000e0001\\U0010ffff"'),
+        ("\ud800", '"\ufffd"'),  # a Go string holds no lone surrogate
+    ],
+)
+def test_go_quote_writes_what_gos_percent_q_writes(text, quoted):
+    assert go_quote(text) == quoted
 
 
 @pytest.mark.parametrize(
@@ -90,13 +110,14 @@ def test_one_leading_slash_of_a_command_name_is_dropped(name, passed_on):
 
 
 def test_a_notification_lich_sends_is_queued_and_one_it_never_sends_is_refused():
-    # internal/relay: NotifyCompleted, NotifyWaiting; the wording is the stub's
+    # internal/relay: NotifyCompleted, NotifyWaiting; the wording is checkNotification's
     for status in ("completed", "waiting"):
         good = {"kind": "prompt", "text": "done", "notification": dict(NOTE, status=status)}
         assert check_command(good) == good
     prompt = {"kind": "prompt", "text": "done"}
-    assert refusal(dict(prompt, notification=dict(NOTE, status="failed"))) == 'notification has unknown status "failed": lich sends completed or waiting'
-    assert refusal(dict(prompt, notification=dict(NOTE, summary=" \n"))) == "notification has no summary"
+    assert refusal(dict(prompt, notification=dict(NOTE, status="bogus"))) == 'unknown notification status "bogus"'
+    assert refusal(dict(prompt, notification=dict(NOTE, status="\x01"))) == 'unknown notification status "\\x01"'
+    assert refusal(dict(prompt, notification=dict(NOTE, summary=" \n"))) == "a notification needs a summary, and none was given"
     assert "must be an object" in refusal(dict(prompt, notification={"status": "completed"}))
 
 

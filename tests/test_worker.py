@@ -1,10 +1,12 @@
+import threading
+
 import pytest
 
 from lich_control.acks import Acks
 from lich_control.bridge import CallResult, Overrides, Turns
 from lich_control.commands import Command, Notification
 from lich_control.activity import Activity
-from lich_control.worker import QUICK_TIMEOUT, Asks, Worker, fork_ack
+from lich_control.worker import ASK_THREADS, QUICK_TIMEOUT, Asks, Worker, fork_ack
 
 from fakes import FakeEngine, ScriptedClient, Timeline, refused
 
@@ -206,6 +208,33 @@ def test_asks_start_at_once_beyond_the_pool_and_each_is_acked_when_it_answers(ri
     rig.engine.settle(quick, {"isAnswered": True, "text": "at once"})
     ack = rig.client.wait_acks(2)[1]
     assert (ack.id, ack.ok, ack.answer) == ("a1", True, "at once")
+
+
+class Held(FakeEngine):
+    """A relay that does not read stdout: each call's write blocks until released."""
+
+    def __init__(self, timeline):
+        super().__init__(timeline)
+        self.release = threading.Event()
+
+    def call(self, method, args, timeout):
+        future = super().call(method, args, timeout)
+        self.release.wait(WAIT)
+        return future
+
+
+def test_asks_start_on_the_bounded_named_pool_and_those_not_started_at_a_stop_are_acked_as_never_asked(rig):
+    rig.engine = Held(rig.timeline)
+    rig.asks = Asks(rig.engine, rig.acks, rig.activity, "s1")
+    rig.send(*[ask(f"a{i}", f"q{i}?") for i in range(ASK_THREADS + 3)])
+    rig.engine.wait_calls(ASK_THREADS)  # every pool thread is held in its write
+    assert {name for name, what in rig.timeline.entries if what == "call model.fork"} == {f"lich-ask_{i}" for i in range(ASK_THREADS)}
+    assert rig.asks.stop(0.05, "got SIGTERM") is False  # the held writes overrun
+    said = "the daemon stopped before applying it (got SIGTERM)"
+    assert sorted(rig.acks_sent(3)) == [(f"a{i}", False, said) for i in range(ASK_THREADS, ASK_THREADS + 3)]
+    rig.engine.release.set()
+    assert rig.asks.stop(WAIT)
+    assert len(rig.engine.calls) == ASK_THREADS
 
 
 def test_an_ask_that_fails_unexpectedly_is_said_and_costs_no_other(make_rig, caplog):

@@ -73,7 +73,7 @@ def check_command(command: Mapping[str, Any], kinds: Mapping[str, Tuple[str, ...
     """
     kind = command.get("kind")
     if not isinstance(kind, str) or kind not in kinds:
-        raise Refused(f"unknown mod command kind {_quoted(kind)}")
+        raise Refused(f"unknown mod command kind {go_quote(kind)}")
     queued = {name: value for name, value in command.items() if value is not None and value != ""}
     if command.get("id") is not None and (not isinstance(command["id"], str) or not command["id"]):
         raise Refused("a command's id must be a non-empty string")
@@ -125,14 +125,15 @@ def _runnable_name(name: str) -> str:
 
 def _notification(value: Any) -> Dict[str, str]:
     """A prompt's notification as lich queues it (a status it knows and a
-    summary to show), or `Refused`. The wording is the stub's: lich's
-    checkNotification is newer than the copies of its source readable here."""
+    summary to show), or `Refused` in lich's words (modcontrol.go
+    checkNotification). The shape check is the stub's: lich reads the
+    notification into a Go struct, which has no other shape."""
     if not isinstance(value, dict) or set(value) != {"status", "summary"} or not all(isinstance(v, str) for v in value.values()):
         raise Refused("a prompt's notification must be an object with a status and a summary, both strings")
     if value["status"] not in NOTIFICATION_STATUSES:
-        raise Refused(f"notification has unknown status {_quoted(value['status'])}: lich sends completed or waiting")
+        raise Refused(f"unknown notification status {go_quote(value['status'])}")
     if _go_blank(value["summary"]):
-        raise Refused("notification has no summary")
+        raise Refused("a notification needs a summary, and none was given")
     return {"status": value["status"], "summary": go_string(value["summary"])}
 
 
@@ -163,7 +164,7 @@ def validate_ack(doc: Any, kinds: Mapping[str, Tuple[str, ...]] = CONTRACT_KINDS
         if not isinstance(doc[name], str) or not doc[name]:
             return f"{name} must be a non-empty string"
     if doc["kind"] not in kinds:
-        return f"mod ack has unknown kind {_quoted(doc['kind'])}"
+        return f"mod ack has unknown kind {go_quote(doc['kind'])}"
     if doc.get("ok") is not None and not isinstance(doc["ok"], bool):
         return "ok must be a boolean"
     if doc.get("error") is not None and not isinstance(doc["error"], str):
@@ -237,6 +238,27 @@ def _go_strings(doc: Any) -> Any:
     return doc
 
 
-def _quoted(value: Any) -> str:
-    """As Go's %q shows a string, for the kinds lich quotes in its errors."""
-    return json.dumps(value if isinstance(value, str) else str(value), ensure_ascii=False)
+# What Go's strconv.Quote writes for these instead of the character itself.
+_GO_QUOTE_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v", '"': '\\"', "\\": "\\\\"}
+
+
+def go_quote(value: Any) -> str:
+    """`value` as Go's %q writes a string, for what lich quotes in its
+    errors: printable characters as they are (Python's isprintable and Go's
+    unicode.IsPrint draw the same line), C escapes, then \\xhh below U+0080,
+    \\uhhhh, \\Uhhhhhhhh. A field lich's Go struct did not get is the empty string."""
+    text = "" if value is None else go_string(value if isinstance(value, str) else str(value))
+    out = []
+    for char in text:
+        code = ord(char)
+        if char in _GO_QUOTE_ESCAPES:
+            out.append(_GO_QUOTE_ESCAPES[char])
+        elif char.isprintable():
+            out.append(char)
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
