@@ -58,6 +58,13 @@ plugin-check: $(STAMP)
 	PYTHON=$(abspath $(VENV_PY)) .ci/plugin-checks
 	PYTHON=$(abspath $(VENV_PY)) .ci/opencode-checks
 
+# The live session check on npm's newest Claude Code, which CI (pinned)
+# never runs; the degrade checks too where its mod did not run. One line:
+# the release, and pass or the checks that failed. RELEASE=x.y.z checks
+# that one instead. A few minutes; Node.js, npm and the registry.
+canary: $(STAMP)
+	$(VENV_PY) tests/live/canary.py $(RELEASE)
+
 # docs/install.md's "Which Claude Code" table, written anew from the
 # releases measured (TABLE in tests/live/releases.py); make test fails
 # while the two differ.
