@@ -136,7 +136,7 @@ REFUSED = 'refused: "no mod has ever polled"'
 # of the plugin. A release newly measured (make canary, then the live
 # check) goes into its row's `measured`.
 TABLE = (
-    Row("2.1.326", None, True, "runs", "every command kind", ("2.1.326", PINNED)),
+    Row("2.1.326", None, True, "runs", "every command kind", ("2.1.326", "2.1.331", PINNED)),
     Row("2.1.288", "2.1.325", True,
         "runs; Claude Code does not yet hand over its hook variables (`$.process.hookEnv`) or say its platform "
         "(`$.session.info`): the relay names the plugin's data folder itself, the daemon takes the parent it finds "
