@@ -133,8 +133,8 @@ REFUSED = 'refused: "no mod has ever polled"'
 # What was measured, newest first: a live session on each measured release
 # that runs the mod, with every command kind, and where the mod does not
 # run, a session that works while lich is refused, with no error or warning
-# of the plugin. A release newly measured (make canary, then the live
-# check) goes into its row's `measured`.
+# of the plugin. A release make canary passed on goes into its row's
+# `measured` (then make release-table).
 TABLE = (
     Row("2.1.326", None, True, "runs", "every command kind", ("2.1.326", "2.1.331", PINNED)),
     Row("2.1.288", "2.1.325", True,
