@@ -10,7 +10,7 @@ VENV_PY := .venv/bin/python
 endif
 STAMP := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)/.lich-control-installed
 
-.PHONY: test demo run bench bench-setup bench-first-poll plugin-check opencode-check install plugin-install clean
+.PHONY: test demo run bench bench-setup bench-first-poll plugin-check opencode-check canary release-table install plugin-install clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@if [ -z "$(VIRTUAL_ENV)" ] && [ ! -x .venv/bin/python ]; then $(PYTHON) -m venv .venv; fi
@@ -57,6 +57,19 @@ bench-first-poll: $(STAMP)
 plugin-check: $(STAMP)
 	PYTHON=$(abspath $(VENV_PY)) .ci/plugin-checks
 	PYTHON=$(abspath $(VENV_PY)) .ci/opencode-checks
+
+# The live session check on npm's newest Claude Code, which CI (pinned)
+# never runs; the degrade checks too where its mod did not run. One line:
+# the release, and pass or the checks that failed. RELEASE=x.y.z checks
+# that one instead. A few minutes; Node.js, npm and the registry.
+canary: $(STAMP)
+	$(VENV_PY) tests/live/canary.py $(RELEASE)
+
+# docs/install.md's "Which Claude Code" table, written anew from the
+# releases measured (TABLE in tests/live/releases.py); make test fails
+# while the two differ.
+release-table: $(STAMP)
+	$(VENV_PY) tests/live/releases.py
 
 # The opencode relay alone: its logic under node --test, then live (about a minute).
 opencode-check: $(STAMP)

@@ -1,6 +1,7 @@
 """The Claude Code releases the live test runs on, and what each does with
-the plugin's mod: the table in docs/install.md ("Which Claude Code"), as
-the test needs it.
+the plugin's mod: the table in docs/install.md ("Which Claude Code") is
+written from TABLE here (`make release-table`, which runs this file), and
+tests/test_live_releases.py fails when the two disagree.
 
     LICH_LIVE_RELEASES  the releases the session test runs on
                         (default: the oldest that runs mods, one from the middle, the last
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from devlich import Unavailable
 from workspace import CHECKOUT
@@ -95,6 +96,97 @@ class Release:
         return self.version
 
 
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: the releases from `first` to `last` (None: and
+    every later one), whether the mod runs there, what it does and what lich
+    can do, and the releases it was measured on, each with its note if any."""
+
+    first: str
+    last: Optional[str]
+    runs_mod: bool
+    mod: str
+    control: str
+    measured: Tuple[str, ...]
+    notes: Mapping[str, str] = field(default_factory=dict)
+
+    def covers(self, version: str) -> bool:
+        return key(self.first) <= key(version) and (self.last is None or key(version) <= key(self.last))
+
+    @property
+    def releases(self) -> str:
+        if self.last is None:
+            return f"{self.first} and later"
+        if self.last == self.first:
+            return self.first
+        adjacent = key(self.last)[:-1] == key(self.first)[:-1] and key(self.last)[-1] == key(self.first)[-1] + 1
+        return f"{self.first} {'and' if adjacent else 'to'} {self.last}"
+
+    def measured_on(self) -> str:
+        notes = {**self.notes, PINNED: "the pinned one"}
+        return ", ".join(f"{version} ({notes[version]})" if version in notes else version for version in self.measured)
+
+
+NONESSENTIAL = "`CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC`"
+REFUSED = 'refused: "no mod has ever polled"'
+
+# What was measured, newest first: a live session on each measured release
+# that runs the mod, with every command kind, and where the mod does not
+# run, a session that works while lich is refused, with no error or warning
+# of the plugin. A release make canary passed on goes into its row's
+# `measured` (then make release-table).
+TABLE = (
+    Row("2.1.326", None, True, "runs", "every command kind", ("2.1.326", "2.1.331", PINNED)),
+    Row("2.1.288", "2.1.325", True,
+        "runs; Claude Code does not yet hand over its hook variables (`$.process.hookEnv`) or say its platform "
+        "(`$.session.info`): the relay names the plugin's data folder itself, the daemon takes the parent it finds "
+        "as it starts, and the plugin's folder tells Windows",
+        "every command kind", ("2.1.289", "2.1.300", "2.1.325")),
+    Row("2.1.286", "2.1.287", True,
+        f"runs, as above, with {NONESSENTIAL} unset; with it set, Claude Code refuses the relay's requests to its "
+        "daemon (`$.http.fetch`), so no daemon runs, and the screen and the debug log say why "
+        "([Nonessential traffic](#nonessential-traffic-before-21288))",
+        f"every command kind, with that variable unset; with it set, {REFUSED}", ("2.1.286", "2.1.287")),
+    Row("2.1.280", "2.1.285", True,
+        f"runs where mods are on, as 2.1.286 and 2.1.287 otherwise ({NONESSENTIAL} included): off by default in a "
+        "session with no feature-flag server (a third-party `ANTHROPIC_BASE_URL`, no telemetry), on with "
+        "`CLAUDE_CODE_ENABLE_FUNCTION_HOOKS=1` in the session's environment",
+        "every command kind; a notification prompt reaches the model under the plugin's name (\"The lich-control "
+        "plugin sent a message: …\", the `<task-notification>` whole after it), since `$.prompt.submit` takes "
+        "`asUser` from 2.1.286 on. Claude Code's own debug log warns of every mod whose manifest declares no "
+        "`userConfig` (\"options requested but its manifest declares no userConfig\"): this plugin declares none "
+        "(its `python` option is read from the settings, [By hand](#by-hand))",
+        ("2.1.280", "2.1.285"), {"2.1.280": "switched on"}),
+    Row("2.1.260", "2.1.278", False,
+        "the plugin loads and the mod is skipped (the rollout switch is off for plugins there)", REFUSED, ("2.1.278",)),
+    Row("2.1.250", "2.1.250", False,
+        "knows an older event set: `claude plugin validate` fails on `session.start`; a session loads the plugin "
+        "and skips the mod", "refused, likewise", ("2.1.250",)),
+    Row("2.1.200", "2.1.200", False, "ignores `modules` (hooks.json's empty `hooks` record is what it reads)",
+        "refused, likewise", ("2.1.200",)),
+)
+
+TABLE_START = "<!-- The table is written from tests/live/releases.py by make release-table: edit it there. -->"
+TABLE_END = "<!-- End of the table written by make release-table. -->"
+DOC = os.path.join(CHECKOUT, "docs", "install.md")
+
+
+def table() -> str:
+    """TABLE in Markdown."""
+    lines = ["| Claude Code | the mod | lich's control | measured on |", "|---|---|---|---|"]
+    lines += [f"| {row.releases} | {row.mod} | {row.control} | {row.measured_on()} |" for row in TABLE]
+    return "\n".join(lines) + "\n"
+
+
+def with_table(doc: str) -> str:
+    """The document with the table between its markers written anew."""
+    head, start, rest = doc.partition(TABLE_START + "\n")
+    _, end, tail = rest.partition(TABLE_END)
+    if not start or not end:
+        raise ValueError(f"the document has no {TABLE_START!r} line, then {TABLE_END!r}, for the table to go between")
+    return head + start + table() + end + tail
+
+
 def named(variable: str, default: Tuple[str, ...]) -> List[str]:
     """The releases a variable lists, else the default."""
     listed = os.environ.get(variable, "").split()
@@ -117,12 +209,25 @@ def refusing_releases() -> List[str]:
     return named("LICH_LIVE_REFUSING", REFUSING_RELEASES)
 
 
-def release(version: str, pinned_binary: str) -> Release:
-    """The release, installed (by .ci/claude-code) when it is not there yet."""
-    if version == PINNED:
-        return Release(version, pinned_binary)
+def install(version: str) -> str:
+    """The release's binary, installed by .ci/claude-code when it is not there yet."""
     done = subprocess.run([os.path.join(CHECKOUT, ".ci", "claude-code"), version], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     if done.returncode != 0 or not done.stdout.strip():
         raise Unavailable(f"no Claude Code {version} to run: {done.stderr.strip() or '.ci/claude-code found none'}")
-    return Release(version, done.stdout.strip().splitlines()[-1])
+    return done.stdout.strip().splitlines()[-1]
+
+
+def release(version: str, pinned_binary: str) -> Release:
+    """The release, installed when it is not there yet."""
+    return Release(version, pinned_binary if version == PINNED else install(version))
+
+
+if __name__ == "__main__":
+    with open(DOC, encoding="utf-8") as f:
+        before = f.read()
+    after = with_table(before)
+    if after != before:
+        with open(DOC, "w", encoding="utf-8") as f:
+            f.write(after)
+    print(f"{os.path.relpath(DOC)}: the release table {'rewritten' if after != before else 'was up to date'}")
