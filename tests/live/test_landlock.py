@@ -15,7 +15,8 @@ For each route, the plugin's files where it puts them:
 - `make plugin-install`: under ~/.local/share/lich-control/plugin, which
   the profile reads and does not write;
 - the `python` option: a virtual environment under ~/.local/share the
-  person made unconfined (docs/install.md's example), with the git URL's copy.
+  person made unconfined, the package installed into it with pip
+  (docs/install.md's example), with the git URL's copy.
 
 Confined, each must do what a session would: the runtime's first build,
 then a second setup that finds it ready (the routes that build); the relay
@@ -81,9 +82,11 @@ class Mac:
         self.option = None
         if route == "python-option":
             venv = os.path.join(self.home, ".local", "share", "lich-control", "venv")
-            self.unconfined([sys.executable, "-m", "venv", venv], cwd=self.plugin)
+            self.unconfined([sys.executable, "-m", "venv", "--without-pip", venv], cwd=self.plugin)
             self.option = os.path.join(venv, "bin", "python")
-            self.unconfined([self.option, "-m", "pip", "install", "--quiet", "."], cwd=self.plugin)
+            # pip install . into it, by this interpreter's pip (the venv's own would cost half a minute more).
+            self.unconfined([sys.executable, "-m", "pip", "--python", self.option, "install", "--quiet", "."],
+                            cwd=self.plugin)
 
     def env(self, **changes):
         """A session's environment on this Mac: its home, no XDG_RUNTIME_DIR,
