@@ -84,6 +84,10 @@ FAILURE = "setup-failed.json"
 RUNNING = "setup-running.json"
 LOCK = "setup.lock"
 LOG = "setup.log"
+# The build's temporary files, its own and pip's (TMPDIR): lich's macOS
+# profile lets a session write no temporary folder, and tempfile's fallback,
+# the working directory, is the plugin's folder (read-only, or too deep).
+SCRATCH = "tmp"
 # What the environment is made from: the package's own folder, copied in,
 # and setup.cfg, which names what it needs. The rest of the plugin's folder
 # (tests, docs, a developer's .venv) is neither copied nor part of the key,
@@ -241,7 +245,7 @@ class Runtime:
         env = self.env_dir(key)
         # What a build cut short left: the lock, which its children held while
         # they lived, says nothing of it writes there any more.
-        for scratch in glob.glob(self.path("build-*")):
+        for scratch in glob.glob(self.path("build-*")) + [self.path(SCRATCH)]:
             shutil.rmtree(scratch, ignore_errors=True)
         if os.path.exists(env):  # no stamp
             shutil.rmtree(env)
@@ -327,9 +331,11 @@ class Runtime:
         yield [python, "-m", "pip"]
 
     def run_captured(self, argv, **kwargs):
-        """A step's exit code and its whole output."""
-        with tempfile.TemporaryFile("w+", encoding="utf-8") as output:
-            code = self.run_step(argv, stdout=output, **kwargs)
+        """A step's exit code and its whole output; its temporary files in the data folder."""
+        scratch = self.path(SCRATCH)
+        os.makedirs(scratch, exist_ok=True)
+        with tempfile.TemporaryFile("w+", encoding="utf-8", dir=scratch) as output:
+            code = self.run_step(argv, stdout=output, env=child_env(scratch), **kwargs)
             output.seek(0)
             return code, output.read()
 
@@ -455,7 +461,8 @@ def run_child(argv, hold=None, **kwargs):
             if os.getppid() != parent:  # the setup died before the signal was set
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    child = subprocess.Popen(argv, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True,
+    kwargs.setdefault("env", child_env())
+    child = subprocess.Popen(argv, stderr=subprocess.STDOUT, start_new_session=True,
                              preexec_fn=in_the_child, pass_fds=() if hold is None else (hold,), **kwargs)
     _running.add(child.pid)
     try:
@@ -478,7 +485,8 @@ def windows_child(argv, **kwargs):
     before it is put there (the moment after its creation) is not; venv and
     pip start nothing that soon. The lock goes with the setup: a next build
     finds it free only once the job has ended this one's children."""
-    child = subprocess.Popen(argv, stderr=subprocess.STDOUT, env=child_env(), **kwargs)
+    kwargs.setdefault("env", child_env())
+    child = subprocess.Popen(argv, stderr=subprocess.STDOUT, **kwargs)
     _job().assign(child)
     return child.wait()
 
@@ -599,20 +607,32 @@ def remove(path):
 
 
 def imports_daemon(python):
-    """Whether `python`, isolated from the caller's folder and variables, has the daemon."""
+    """Whether `python`, isolated from the caller's folder and variables, has
+    the daemon. Its output is taken, not sent to /dev/null, which lich's
+    macOS profile does not let a session open for writing."""
     try:
-        result = subprocess.run([python, "-I", "-c", "import lich_control.daemon"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=child_env(), timeout=60)
+        result = subprocess.run([python, "-I", "-c", "import lich_control.daemon"], capture_output=True,
+                                env=child_env(), timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return result.returncode == 0
 
 
-def child_env():
+def child_env(scratch=None):
     """Our environment for pip and venv, less lich's (the token has no business
-    there), and with pip's --user turned off: a virtual environment refuses it."""
+    there), and with pip's --user turned off: a virtual environment refuses it.
+    `scratch`: the folder for their temporary files (TMPDIR).
+
+    On macOS pip caches in ~/Library/Caches/pip, which lich's profile denies:
+    there, unless the person named a cache, it caches in ~/.cache/pip, which
+    the profile lets a session write (a cache-dir in a pip config file is
+    overridden by this; PIP_CACHE_DIR is not)."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("LICH_")}
     env["PIP_USER"] = "0"
+    if scratch:
+        env["TMPDIR"] = scratch
+    if sys.platform == "darwin" and not env.get("PIP_CACHE_DIR") and not env.get("PIP_NO_CACHE_DIR"):
+        env["PIP_CACHE_DIR"] = os.path.join(os.path.expanduser("~"), ".cache", "pip")
     return env
 
 

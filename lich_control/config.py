@@ -97,9 +97,14 @@ def run_dir(env: Mapping[str, str]) -> str:
     xdg = env.get("XDG_RUNTIME_DIR") or ""
     if os.path.isabs(xdg) and os.path.isdir(xdg):
         return os.path.join(xdg, "lich-control")
-    import tempfile  # only here: it would slow every start (docs/performance.md)
-
-    return os.path.join(tempfile.gettempdir(), f"lich-control-{os.getuid()}")
+    # Not the temporary folder: lich's macOS profile lets a session write
+    # none ($TMPDIR, /tmp), where tempfile falls back to the working
+    # directory, and the status tool outside would look somewhere else. The
+    # home's ~/.cache is per user, the same inside and outside, and one of
+    # the folders that profile lets a session write; short enough for the
+    # socket (docs/install.md, "In lich's macOS confined sessions").
+    home = env.get("HOME") or os.path.expanduser("~")
+    return os.path.join(home, ".cache", "lich-control", "run")
 
 
 def session_path(folder: str, session_id: str, suffix: str) -> str:

@@ -48,7 +48,7 @@ def ensure(path: str) -> None:
     except FileExistsError:
         created = False  # judged below, as it is
     except OSError as exc:
-        raise BadConfig(f"cannot create the run folder {path}: {exc.strerror}") from exc
+        raise BadConfig(f"cannot create the run folder {path}: {exc.strerror}; set LICH_CONTROL_RUN_DIR to a folder you can write") from exc
     check(path, created)
 
 

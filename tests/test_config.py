@@ -35,9 +35,22 @@ def test_ports_at_the_edges_are_taken():
 def test_the_run_folder_follows_the_documented_order(tmp_path):
     assert run_dir({"LICH_CONTROL_RUN_DIR": "/a", "XDG_RUNTIME_DIR": str(tmp_path)}) == "/a"
     assert run_dir({"XDG_RUNTIME_DIR": str(tmp_path)}) == str(tmp_path / "lich-control")
-    assert run_dir({}).endswith(f"lich-control-{os.getuid()}")
+    # Not the temporary folder, which lich's macOS profile does not let a session write.
+    assert run_dir({"HOME": "/home/u"}) == "/home/u/.cache/lich-control/run"
     # Removed at the user's last logout, and not ours to make again.
-    assert run_dir({"XDG_RUNTIME_DIR": str(tmp_path / "gone")}) == run_dir({})
+    assert run_dir({"XDG_RUNTIME_DIR": str(tmp_path / "gone"), "HOME": "/home/u"}) == run_dir({"HOME": "/home/u"})
+
+
+# lich makes a window's session id a UUID, the CLI's 32 hex characters; a
+# Mac's short user name is rarely longer than 40 bytes (45 still fit).
+@POSIX
+@pytest.mark.parametrize("name", ["ann", "christopher.montgomery-smith", "a" * 40])
+@pytest.mark.parametrize("session_id", ["0f8e3c2a-9b1d-4c5e-8f7a-6b2d1e0c9a84", "0f8e3c2a9b1d4c5e8f7a6b2d1e0c9a84"])
+def test_on_a_mac_the_default_socket_fits_macos_104_bytes_for_a_long_name_and_either_session_id(name, session_id):
+    home = f"/Users/{name}"
+    config = Config.from_env(dict(FULL, LICH_CONTROL_RUN_DIR="", LICH_SESSION_ID=session_id, HOME=home))
+    assert config.run_dir == f"{home}/.cache/lich-control/run"
+    assert len(os.fsencode(config.path("sock"))) < 104
 
 
 @pytest.mark.skipif(not WINDOWS, reason="Windows' own run folder")

@@ -375,6 +375,17 @@ def test_outside_lich_it_exits_0_silently_and_never_polls(daemon_env, lich):
     assert lich.record.polls == []
 
 
+def test_a_default_run_folder_that_cannot_be_made_is_one_line_exit_2_naming_the_variable(daemon_env, lich, tmp_path):
+    # As in lich's macOS profile with no ~/.cache to write: never a traceback.
+    home = tmp_path / "home"
+    home.write_text("a file where the home should be")
+    done = daemon(daemon_env, LICH_CONTROL_RUN_DIR="", XDG_RUNTIME_DIR="", HOME=str(home), LOCALAPPDATA=str(home))
+    assert (done.returncode, done.stdout) == (2, b"")
+    [line] = lines(done.stderr)
+    assert line.startswith("lich-control: cannot create the run folder ") and "set LICH_CONTROL_RUN_DIR" in line, line
+    assert lich.record.polls == []
+
+
 def test_a_bad_environment_exits_2_with_one_line_and_no_request(daemon_env, lich, run_dir):
     done = daemon(daemon_env, LICH_PORT="http")  # each refusal's text: test_config.py
     assert (done.returncode, done.stdout) == (2, b"")

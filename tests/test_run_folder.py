@@ -33,6 +33,16 @@ def test_a_run_folder_it_creates_is_0700_whatever_the_umask(tmp_path):
     assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
 
 
+def test_a_run_folder_that_cannot_be_made_is_refused_in_one_line_naming_the_variable(tmp_path):
+    (tmp_path / "home").write_text("a file where the folder should go")
+    folder = tmp_path / "home" / ".cache" / "lich-control" / "run"
+    with pytest.raises(BadConfig) as refused:
+        ensure(str(folder))
+    assert str(refused.value).startswith(f"cannot create the run folder {folder}: ")
+    assert str(refused.value).endswith("; set LICH_CONTROL_RUN_DIR to a folder you can write")
+    assert "\n" not in str(refused.value)
+
+
 @MODES
 def test_an_existing_private_enough_run_folder_is_used_as_it_is(tmp_path):
     folder = tmp_path / "run"

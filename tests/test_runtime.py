@@ -709,3 +709,33 @@ def test_the_environments_interpreter_is_where_venv_puts_it_on_each_system(monke
     assert runtime.env_site_packages("env") == os.path.join("env", "Lib", "site-packages")
     monkeypatch.setattr(runtime, "WINDOWS", False)
     assert runtime.env_python("env") == os.path.join("env", "bin", "python")
+
+
+# --- lich's macOS confinement: no /dev/null, no temporary folder -------------
+
+
+@pytest.mark.skipif(WINDOWS, reason="the suite's Windows Python has lich_control on its path only, which -I leaves out; and no /dev/null")
+def test_the_import_check_needs_no_dev_null(monkeypatch):
+    # lich's macOS profile lets a session open no /dev/null for writing.
+    monkeypatch.setattr(os, "devnull", os.path.join(ROOT, "no-such-folder", "null"))
+    assert runtime.imports_daemon(sys.executable)
+
+
+def test_a_steps_temporary_files_and_its_childrens_are_in_the_data_folder(data, plugin, monkeypatch):
+    # lich's macOS profile lets a session write no temporary folder.
+    monkeypatch.setattr(runtime.tempfile, "tempdir", os.path.join(ROOT, "no-such-folder"))
+    setup = runtime.Runtime(data, plugin, lambda text: None)
+    code, output = setup.run_captured([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"])
+    assert (code, output.strip()) == (0, os.path.join(data, "tmp"))
+
+
+def test_on_macos_pip_caches_where_lichs_profile_lets_it_unless_named(monkeypatch):
+    monkeypatch.delenv("PIP_CACHE_DIR", raising=False)
+    monkeypatch.delenv("PIP_NO_CACHE_DIR", raising=False)
+    monkeypatch.setattr(runtime.sys, "platform", "darwin")
+    assert runtime.child_env()["PIP_CACHE_DIR"] == os.path.join(os.path.expanduser("~"), ".cache", "pip")
+    monkeypatch.setenv("PIP_CACHE_DIR", "/mine")
+    assert runtime.child_env()["PIP_CACHE_DIR"] == "/mine"
+    monkeypatch.delenv("PIP_CACHE_DIR")
+    monkeypatch.setattr(runtime.sys, "platform", "linux")
+    assert "PIP_CACHE_DIR" not in runtime.child_env()

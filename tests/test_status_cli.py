@@ -327,3 +327,17 @@ def test_an_address_file_that_cannot_be_read_is_reported_on_its_row(tmp_path, co
     path.write_text(content)
     found = statuscli.ask(str(path))
     assert found.status is None and found.stale.startswith("its address file cannot be read")
+
+
+@pytest.mark.skipif(WINDOWS, reason="Windows' run folder is in LOCALAPPDATA, the same for both")
+def test_with_no_run_folder_named_it_finds_the_daemon_whatever_temporary_folder_each_was_given(relay, tmp_path_factory):
+    # In lich's macOS profile the session's $TMPDIR cannot be written (and
+    # tempfile falls back to the working directory) while outside it can.
+    home, inside, outside = (str(tmp_path_factory.mktemp(name)) for name in ("h", "in", "out"))
+    r = relay(env={"LICH_CONTROL_RUN_DIR": "", "XDG_RUNTIME_DIR": "", "HOME": home, "TMPDIR": inside})
+    r.wait_hello()
+    env = daemon_env(XDG_RUNTIME_DIR="", HOME=home, TMPDIR=outside)
+    done = subprocess.run([sys.executable, "-m", "lich_control.status_cli", "--json"], cwd=ROOT, env=env,
+                          capture_output=True, timeout=30)
+    found = json.loads(done.stdout)
+    assert [d["session_id"] for d in found["daemons"] if d["status"]] == ["s1"], found

@@ -12,6 +12,12 @@
 // with Windows Python: the relay, daemon and lich as on Windows.
 //
 // It holds to bridge.md and the contract only, so any conforming daemon passes.
+//
+// Two settings run it as an installed plugin would (tests/live/test_landlock.py,
+// from the installed copy, in the stand-in for lich's macOS profile):
+//   LICH_E2E_PLUGIN_DATA  no python option: the relay runs the setup with this
+//                         data folder (Claude Code's CLAUDE_PLUGIN_DATA)
+//   LICH_E2E_RUN_DIR=default  no LICH_CONTROL_RUN_DIR: the daemon's own choice
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { mkdtempSync, readFileSync, rmSync, unlinkSync } from 'node:fs'
@@ -33,6 +39,9 @@ const TOKEN = 'e2e-secret-token-5f3a'
 const SESSION = 'card-e2e'
 const ASK = 'what are you working on?'
 const WINDOWS = process.platform === 'win32'
+const PLUGIN_DATA = process.env.LICH_E2E_PLUGIN_DATA
+const DEFAULT_RUN_DIR = process.env.LICH_E2E_RUN_DIR === 'default'
+const SETUP = /lich_runtime\.py$/
 
 // The development lich, driven over its stdin: it prints its port, waits
 // for the session's first poll, then queues each command line it reads
@@ -63,7 +72,9 @@ class FakeSession {
   // Set, Claude Code refuses every $.http.fetch, why in these words (2.1.280
   // to 2.1.287 while nonessential traffic is off).
   refusal = undefined
+  // The daemons it started; the setup's runs, apart.
   children = []
+  setups = []
   prompts = []
   forks = []
   steps = []
@@ -123,7 +134,7 @@ class FakeSession {
       settings: {
         read: async ({ source, key } = {}) => {
           if (key !== undefined) return undefined
-          if (source !== 'user') return {}
+          if (source !== 'user' || PLUGIN_DATA) return {}
           return { pluginConfigs: { 'lich-control': { options: { python: PYTHON } } } }
         },
       },
@@ -137,7 +148,11 @@ class FakeSession {
       session: { info: async () => ({ platform: { win32: 'windows', darwin: 'macos' }[process.platform] ?? 'linux' }) },
       clock: { sleep: ms => new Promise(resolve => setTimeout(resolve, ms).unref()), now: async () => Date.now() },
       process: {
-        hookEnv: async () => ({ CLAUDE_PID: String(process.pid), CLAUDE_PLUGIN_ROOT: ROOT }),
+        hookEnv: async () => ({
+          CLAUDE_PID: String(process.pid),
+          CLAUDE_PLUGIN_ROOT: ROOT,
+          ...(PLUGIN_DATA && { CLAUDE_PLUGIN_DATA: PLUGIN_DATA }),
+        }),
         spawn: request => session.#spawn(request),
       },
       // As Claude Code's fetch: its gate, its check of the URL, then on the
@@ -193,7 +208,7 @@ class FakeSession {
       env: { ...process.env, ...this.env, ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
     })
-    this.children.push(child)
+    ;(argv.some(part => SETUP.test(part)) ? this.setups : this.children).push(child)
     const pieces = []
     let wake = () => {}
     let end
@@ -257,12 +272,12 @@ async function inLich(sessionId) {
   lich.stderr.pipe(process.stderr)
   const replies = createInterface({ input: lich.stdout })[Symbol.asyncIterator]()
   const port = (await replies.next()).value
-  const runDir = mkdtempSync(join(tmpdir(), 'lcr-'))
+  const runDir = DEFAULT_RUN_DIR ? undefined : mkdtempSync(join(tmpdir(), 'lcr-'))
   const session = new FakeSession({
     LICH_PORT: port,
     LICH_TOKEN: TOKEN,
     LICH_SESSION_ID: sessionId,
-    LICH_CONTROL_RUN_DIR: runDir,
+    ...(runDir && { LICH_CONTROL_RUN_DIR: runDir }),
   })
   started.push({ lich, session, runDir })
   await session.load()
@@ -280,9 +295,9 @@ before(async () => {
 
 after(async () => {
   for (const { lich, session, runDir } of started) {
-    for (const child of session.children) if (child.exitCode === null) child.kill('SIGTERM')
+    for (const child of [...session.setups, ...session.children]) if (child.exitCode === null) child.kill('SIGTERM')
     lich.kill('SIGTERM')
-    rmSync(runDir, { recursive: true, force: true })
+    if (runDir) rmSync(runDir, { recursive: true, force: true })
   }
 })
 
@@ -355,7 +370,8 @@ test('commands from lich reach the session through the daemon and the relay, and
     const held = new Promise(begun => (session.begun = begun))
     const acked = send({ id: 'm5', kind: 'command', name: 'hold' })
     await held
-    rmSync(runDir, { recursive: true, force: true })
+    // The daemon's own choice: the folder of the socket it named.
+    rmSync(runDir ?? dirname(session.fetched[0].socketPath), { recursive: true, force: true })
     const { ack } = await acked
     assert.deepEqual(ack, {
       session_id: SESSION, id: 'm5', kind: 'command', ok: false,
