@@ -4,10 +4,11 @@ status, on `socketserver` and `http.server`; and `DaemonConnection`, the
 
 The one server listens on a Unix socket, 0600, or where there are none
 (Windows) on loopback TCP behind a per-daemon secret: `listener_at` chooses.
-The relay sends at most eight requests at once, so
-only a request's own cost is bounded: a body over `MAX_BODY` is refused
-unread, one of more than `json_reader.MAX_VALUES` values before anything is
-built, and a connection idle `idle_seconds` ends, with its thread.
+A request's own cost is bounded: a body over `MAX_BODY` is refused unread,
+one of more than `json_reader.MAX_VALUES` values before anything is built,
+and a connection idle `idle_seconds` ends, with its thread. Any local
+program can connect to the loopback port, so there what a connection costs
+before it shows the secret is bounded too (`LoopbackListener`).
 """
 from __future__ import annotations
 
@@ -43,6 +44,11 @@ IDLE_SECONDS = 60.0
 # the number of header lines by http.client (100): both answer 414 or 431.
 ROUTES = ("/v1/result", "/v1/event", "/v1/status")
 SECRET_HEADER = "X-Lich-Control-Secret"
+# The loopback listener's, for a connection that has not shown the secret:
+# the relay sends at most eight requests at once, each head well under 1 KiB.
+CONNECTIONS = 64
+HEAD_SECONDS = 10.0
+HEAD_BYTES = 16 * 1024
 
 
 class Routes:
@@ -95,6 +101,18 @@ class UnixListener:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
+    # Only our own user reaches the socket (0600, in the 0700 run folder):
+    # its connections are neither counted nor bounded before their first request.
+
+    def accepted(self, sock: socket.socket) -> socket.socket:
+        return sock
+
+    def admit(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
 
 class LoopbackListener:
     """The bridge on 127.0.0.1 at a port of the system's choosing, where
@@ -102,15 +120,28 @@ class LoopbackListener:
     per-daemon `secret` in SECRET_HEADER. The hello gives port and secret to
     the relay; the address file at `path` (in the private run folder,
     created exclusively, removed at the exit) gives them to lich-mod-status.
-    It holds the bridge's secret, never lich's token."""
+    It holds the bridge's secret, never lich's token.
+
+    Any local program, another user's too, can connect here, so what one
+    without the secret costs is bounded: at most `connections` are served at
+    once (one more is closed as it is accepted: no thread, nothing read),
+    and until a connection's first request has shown the secret, that
+    request's head must be whole within `head_seconds` of the accept and
+    `head_bytes` (the connection is closed unanswered otherwise). A program
+    holding every slot keeps the relay's posts out only as long as it keeps
+    reconnecting; the cost to the daemon stays `connections` threads and
+    heads."""
 
     family = socket.AF_INET
     server_address = ("127.0.0.1", 0)
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, connections: int = CONNECTIONS, head_seconds: float = HEAD_SECONDS, head_bytes: int = HEAD_BYTES):
         self.path = path
         self.secret = secrets.token_urlsafe(32)
         self.port = 0
+        self.connections, self.head_seconds, self.head_bytes = connections, head_seconds, head_bytes
+        self._slots = threading.BoundedSemaphore(connections)
+        self._full = False  # a run of connections refused at the cap is logged once
 
     def bind(self, server: "BridgeServer") -> None:
         server.server_bind()
@@ -133,6 +164,28 @@ class LoopbackListener:
     def close(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+    def accepted(self, sock: socket.socket) -> "_BoundedSocket":
+        """`sock` as its handler reads it: its first request's head by the
+        deadline and within the budget, both lifted once it shows the secret
+        (`_Handler._answer`)."""
+        sock = _BoundedSocket.taking_over(sock)
+        sock.deadline = time.monotonic() + self.head_seconds
+        sock.budget = self.head_bytes
+        return sock
+
+    def admit(self) -> bool:
+        """Whether an accepted connection is served: it then holds a slot until `release`."""
+        if self._slots.acquire(blocking=False):
+            return True
+        if not self._full:
+            self._full = True
+            log.warning("the bridge holds %d connections, its most: newcomers are closed until one ends (the relay keeps 8 at most: another program holds them)", self.connections)
+        return False
+
+    def release(self) -> None:
+        self._full = False
+        self._slots.release()
 
 
 def listener_at(path: str):
@@ -180,6 +233,24 @@ class BridgeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    # The listener's bounds, on socketserver's hooks: each accepted socket as
+    # the listener wraps it, served only if the listener admits it (closed
+    # at once otherwise), its slot released before the connection is shut,
+    # so a client that sees it end can connect again.
+
+    def get_request(self) -> Tuple[socket.socket, Any]:
+        sock, address = super().get_request()
+        return self.listener.accepted(sock), address
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        return self.listener.admit()
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            self.listener.release()
 
     def _accept(self) -> None:
         """The accepting thread: a blocking `handle_request` at a time, where
@@ -239,10 +310,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, route: str) -> Tuple[int, bytes]:
         secret = self.server.listener.secret
-        if secret is not None and not hmac.compare_digest(self.headers.get(SECRET_HEADER, "").encode(), secret.encode()):
-            log.warning("refused %s %s on the bridge: %s", self.command, route, "a wrong secret" if SECRET_HEADER in self.headers else "no secret")
-            self.close_connection = True  # a body it may carry is left unread
-            return 403, b"the bridge's secret is missing or wrong\n"
+        if secret is not None:
+            if not hmac.compare_digest(self.headers.get(SECRET_HEADER, "").encode(), secret.encode()):
+                log.warning("refused %s %s on the bridge: %s", self.command, route, "a wrong secret" if SECRET_HEADER in self.headers else "no secret")
+                self.close_connection = True  # a body it may carry is left unread
+                return 403, b"the bridge's secret is missing or wrong\n"
+            # The relay's: its body, and its next requests, as the idle limit allows.
+            self.connection.unbound()
         routes = self.server.routes
         sink = {"/v1/result": routes.result, "/v1/event": routes.event}.get(route)
         if self.command == "GET" and route == "/v1/status":
@@ -370,14 +444,40 @@ class DaemonConnection(http.client.HTTPConnection):
 
 
 class _BoundedSocket(socket.socket):
-    """A socket whose every read ends by `deadline` (time.monotonic)."""
+    """A socket whose every read ends by `deadline` (time.monotonic), and
+    whose reads take at most `budget` bytes in all (None: not bounded). A
+    read waits no longer than the timeout last set, or than what is left
+    until the deadline if that is shorter; one past the budget raises
+    ConnectionAbortedError, so the reader never holds more."""
 
     deadline: Optional[float] = None
+    budget: Optional[int] = None
+    _timeout: Optional[float] = None  # the timeout last set, for one read
 
-    def recv_into(self, *args: Any) -> int:
+    @classmethod
+    def taking_over(cls, sock: socket.socket) -> "_BoundedSocket":
+        """`sock`, an accepted connection, as one of these."""
+        return cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+
+    def settimeout(self, value: Optional[float]) -> None:
+        self._timeout = value
+        super().settimeout(value)
+
+    def unbound(self) -> None:
+        """Neither deadline nor budget from now on: each read waits the timeout last set."""
+        self.deadline = self.budget = None
+        super().settimeout(self._timeout)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
         if self.deadline is not None:
             left = self.deadline - time.monotonic()
             if left <= 0:
-                raise socket.timeout("the exchange's deadline passed")
-            self.settimeout(left)
-        return super().recv_into(*args)
+                raise socket.timeout("the deadline passed")
+            super().settimeout(left if self._timeout is None or left < self._timeout else self._timeout)
+        if self.budget is None:
+            return super().recv_into(buffer, nbytes, flags)
+        if self.budget == 0:
+            raise ConnectionAbortedError("the read budget is spent")
+        got = super().recv_into(buffer, min(nbytes or len(buffer), self.budget), flags)
+        self.budget -= got
+        return got

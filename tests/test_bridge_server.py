@@ -3,15 +3,18 @@ listener this system has -- a Unix socket, and loopback TCP with its secret
 (Windows' listener, tested here on every system) -- the routes and their
 refusals, keep-alive, bodies it cannot take -- each one answer on a
 connection that goes on -- the idle limit, and a burst queued, never
-refused; then what is each listener's own."""
+refused; then what is each listener's own, and what a connection without
+the secret can cost the loopback listener."""
 import concurrent.futures
 import http.client
 import json
 import os
 import socket
 import stat
+import time
 
 import pytest
+from freezegun import freeze_time
 
 from lich_control.bridge import BadMessage
 from lich_control.json_reader import MAX_VALUES
@@ -261,3 +264,74 @@ def test_a_client_is_told_the_idle_limit_of_60_seconds(server):
     conn = connect(server, WAIT)
     conn.request("GET", "/v1/status")
     assert conn.getresponse().getheader("Keep-Alive") == "timeout=60"
+
+
+# -- the loopback listener: what a connection without the secret costs ------------------
+# Any local program can connect to 127.0.0.1: until a connection's first
+# request shows the secret, its head has a deadline and a budget, and the
+# connections held at once are capped.
+
+
+def closed(sock):
+    """True once the server has closed `sock` (EOF, or a reset for what it left unread)."""
+    try:
+        return sock.recv(4096) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_head_trickled_a_byte_at_a_time_is_cut_at_the_head_deadline(tmp_path):
+    # The idle limit (60 s) bounds each read: a byte every 50 ms passes it for ever.
+    with BridgeServer(LoopbackListener(str(tmp_path / "s1.address"), head_seconds=0.5), Routes(None, None, dict)) as srv:
+        with socket.create_connection(srv.server_address, timeout=WAIT) as sock:
+            start = time.monotonic()
+            sock.sendall(b"GET /v1/status HTTP/1.1\r\nX-Slow: ")
+            sock.settimeout(0.05)  # the trickle's pace: a byte each time this read times out
+            while time.monotonic() - start < WAIT:
+                try:
+                    assert closed(sock)
+                    break
+                except socket.timeout:
+                    sock.sendall(b"a")
+            else:
+                pytest.fail(f"the connection outlived a head trickled for {WAIT:g} s")
+            assert time.monotonic() - start >= 0.5
+
+
+def test_a_head_over_its_budget_is_cut_before_it_ends(tmp_path):
+    # Lines under http.server's bounds (64 KiB each, 100 of them), and no end.
+    with BridgeServer(LoopbackListener(str(tmp_path / "s1.address"), head_bytes=1024), Routes(None, None, dict)) as srv:
+        with socket.create_connection(srv.server_address, timeout=WAIT) as sock:
+            sock.sendall(b"GET /v1/status HTTP/1.1\r\n" + b"X-Pad: " + b"a" * 4000 + b"\r\n")
+            assert closed(sock)
+
+
+def test_past_the_connection_cap_a_newcomer_is_closed_at_once_and_one_with_the_secret_is_served_once_a_slot_frees(tmp_path):
+    # Slots free as connections end: here a stranger's 403, otherwise the head deadline (10 s).
+    with BridgeServer(LoopbackListener(str(tmp_path / "s1.address"), connections=2, head_seconds=60.0), Routes(None, None, dict)) as srv:
+        port = srv.listener.port
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as first, socket.create_connection(("127.0.0.1", port), timeout=WAIT) as second:
+            # Accepted in the order they came: the third finds both slots held.
+            with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as third:
+                assert closed(third)
+            first.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+            response = http.client.HTTPResponse(first)
+            response.begin()
+            assert response.status == 403 and response.will_close
+            response.read()
+            assert closed(first)  # its slot is free by then
+            conn = connect(srv)
+            assert [conn.exchange("GET", "/v1/status") for _ in range(2)] == [(200, b"{}")] * 2
+            conn.close()
+
+
+def test_a_connection_that_showed_the_secret_is_no_longer_held_to_the_head_deadline(tmp_path):
+    # A relay's kept-alive connection waits the idle limit between its requests, not the head deadline.
+    with freeze_time("2026-12-06 12:00:00") as clock:
+        with BridgeServer(LoopbackListener(str(tmp_path / "s1.address"), head_seconds=1.0), Routes(None, None, dict)) as srv:
+            conn = connect(srv)
+            assert conn.exchange("GET", "/v1/status") == (200, b"{}")
+            clock.tick(30)
+            assert conn.exchange("GET", "/v1/status") == (200, b"{}")
+            conn.close()
+
