@@ -62,15 +62,6 @@ try:
 except ImportError:
     msvcrt = None
 
-_prctl = None
-if sys.platform.startswith("linux"):  # Linux's prctl, for a child's death signal
-    try:
-        import ctypes
-        _prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
-    except (ImportError, OSError):
-        pass
-PR_SET_PDEATHSIG = 1
-
 # Where the relay puts the chosen interpreter for the session's own commands
 # (bin/ on its PATH), and the guard that stops a tool re-running itself twice.
 PYTHON_VARIABLE = "LICH_CONTROL_PYTHON"
@@ -442,28 +433,55 @@ def unlock(f):
 # the setup ends too. Only the main thread touches it (the setup has no other).
 _running = set()
 
+# What leads each step's process group, run as `python -c LEADER WATCHED
+# STEP...`: it runs the step in its group and waits for it, and once WATCHED
+# (a pipe only the setup holds the other end of, which the kernel closes
+# however the setup ends) reaches its end, it kills the group whole: the
+# step, and what the step started, which inherits neither the lock nor a
+# death signal (pip re-runs itself so, as __pip-runner__). It exits as the
+# step did (killed by a signal: 128 and its number). Only os, sys and
+# _thread: it starts once a step, and subprocess with what it imports would
+# cost twice its own start.
+LEADER = """
+import os, sys, _thread
+watched = int(sys.argv[1])
+os.set_inheritable(watched, False)
+step = os.fork()
+if step == 0:
+    try:
+        os.execvp(sys.argv[2], sys.argv[2:])
+    except OSError as error:
+        os.write(2, "cannot run {}: {}\\n".format(sys.argv[2], error.strerror).encode())
+    finally:
+        os._exit(127)
+def watch():
+    os.read(watched, 1)
+    os.killpg(0, 9)  # SIGKILL
+_thread.start_new_thread(watch, ())
+status = os.waitpid(step, 0)[1]
+os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+"""
+
 
 def run_child(argv, hold=None, **kwargs):
     """Runs one step of a build (venv, pip) to its end, its output to stdout=;
-    its exit code. The child ends with the setup: it leads a process group of
-    its own, which a signal that ends the setup kills whole (end_with_signals);
-    on Linux the kernel kills it too when the setup dies any other way; and it
-    holds the descriptor `hold` (the setup's lock) while it lives, so a build
-    that outlives its setup still holds the lock, and the next build waits for
-    it instead of removing what it writes into. On Windows: windows_child."""
+    its exit code. The step and every process it starts end with the setup:
+    they run in a process group of their own, which a signal that ends the
+    setup kills whole (end_with_signals), which its leader (LEADER) kills
+    whole when the setup ends any other way (SIGKILL), and which the setup
+    kills once the step has ended, for what the step left running. The leader
+    and the step hold the descriptor `hold` (the setup's lock) while they
+    live, so a next build waits until the group is ended instead of removing
+    what it writes into. On Windows: windows_child."""
     if WINDOWS:
         return windows_child(argv, **kwargs)
-    parent = os.getpid()
-
-    def in_the_child():
-        if _prctl is not None:
-            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:  # the setup died before the signal was set
-                os.kill(os.getpid(), signal.SIGKILL)
-
     kwargs.setdefault("env", child_env())
-    child = subprocess.Popen(argv, stderr=subprocess.STDOUT, start_new_session=True,
-                             preexec_fn=in_the_child, pass_fds=() if hold is None else (hold,), **kwargs)
+    watched, setup_end = os.pipe()
+    try:
+        child = subprocess.Popen([sys.executable, "-I", "-S", "-c", LEADER, str(watched)] + list(argv), stderr=subprocess.STDOUT, start_new_session=True,
+                                 pass_fds=(watched,) if hold is None else (watched, hold), **kwargs)
+    finally:
+        os.close(watched)
     _running.add(child.pid)
     try:
         if hasattr(os, "waitid"):
@@ -474,6 +492,7 @@ def run_child(argv, hold=None, **kwargs):
         return child.wait()
     finally:
         _running.discard(child.pid)
+        os.close(setup_end)
 
 
 def windows_child(argv, **kwargs):

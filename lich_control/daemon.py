@@ -74,7 +74,7 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SI
 OUR_SIGNALS = {*STOP_SIGNALS, getattr(signal, "SIGALRM", None), PARENT_DEATH_SIGNAL} - {None}
 PR_SET_PDEATHSIG = 1
 PARENT_CHECK_SECONDS = 1.0
-IN_MOVED_FROM, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x40, 0x200, 0x400, 0x800  # <sys/inotify.h>
+IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x40, 0x80, 0x100, 0x200, 0x400, 0x800  # <sys/inotify.h>
 # The exit code of a daemon the Windows deadline ended (POSIX: killed by SIGALRM).
 EXIT_DEADLINE_CODE = 3
 REFUSED = 2  # the relay does not restart a daemon that exits with it (bridge.md)
@@ -338,9 +338,9 @@ def set_parent_death_signal(sig: int) -> bool:
 
 class Lifeline:
     """Calls `on_gone` once when the parent dies or closes our stdin or
-    stdout, or `on_lost` once the socket the hello named is removed (the
-    run folder deleted under the daemon: systemd-logind removes
-    $XDG_RUNTIME_DIR at the user's last logout).
+    stdout, or `on_lost` once the socket the hello named is removed or
+    another put in its place (the run folder deleted under the daemon:
+    systemd-logind removes $XDG_RUNTIME_DIR at the user's last logout).
 
     Its thread blocks in poll() on the pipes and an inotify watch of the run
     folder; the parent's death is Linux's parent-death signal's. Only where
@@ -378,7 +378,7 @@ class Lifeline:
                 return self._on_gone("the process that started the daemon is gone")
             for fd, event in ready:
                 if fd == self._watch:
-                    os.read(fd, 65536)  # something in the folder was removed: ours is looked for below
+                    os.read(fd, 65536)  # a name in the folder changed: ours is looked for below
                 elif fd == 1:
                     return self._on_gone("the parent closed its end of the daemon's stdout")
                 elif event != select.POLLIN or not os.read(0, 65536):  # the relay sends nothing on stdin: what comes is ignored
@@ -389,7 +389,8 @@ class Lifeline:
 
 def watch_folder(folder: str) -> Optional[int]:
     """An inotify descriptor that turns readable when a name in `folder`
-    is removed or moved away, the folder itself too, or its file system
+    is removed, moved away, or created or moved in (over ours, it replaces
+    it), the folder itself removed or moved too, or its file system
     unmounted (Linux); None where there is no inotify."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -398,7 +399,7 @@ def watch_folder(folder: str) -> Optional[int]:
         return None
     if fd < 0:
         return None
-    if libc.inotify_add_watch(fd, os.fsencode(folder), IN_MOVED_FROM | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF) < 0:
+    if libc.inotify_add_watch(fd, os.fsencode(folder), IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF) < 0:
         os.close(fd)
         return None
     return fd

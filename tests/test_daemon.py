@@ -10,6 +10,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -154,6 +155,23 @@ def test_a_run_folder_removed_under_the_daemon_ends_it_with_1_and_what_was_in_fl
     said = f"the daemon stopped before the session answered ({gone} was removed (the run folder deleted under it?); starting again on a new one)"
     for cid, kind in (("m1", "prompt"), ("a1", "ask")):
         assert lich.record.ack_for(cid, WAIT) == {"session_id": "s1", "id": cid, "kind": kind, "ok": False, "error": said}
+
+
+@pytest.mark.skipif(WINDOWS, reason="a Unix socket renamed over the daemon's; Windows' address file is looked for once a second")
+def test_a_socket_renamed_over_the_daemons_from_another_folder_ends_it_with_1(relay, lich, run_dir, tmp_path_factory):
+    # The relay connects by path: once another socket is there, the daemon
+    # serves no one. No name leaves the run folder, so only a watch on what
+    # arrives there sees it.
+    r = relay()
+    socket_path = r.wait_hello()["socket"]
+    parked(lich)
+    other = os.path.join(str(tmp_path_factory.mktemp("other")), "s")
+    with socket.socket(socket.AF_UNIX) as impostor:
+        impostor.bind(other)
+        os.rename(other, socket_path)
+        assert r.wait_exit(EXIT_WITHIN) == 1  # not 0: the relay starts another, on a socket of its own
+    with open(os.path.join(run_dir, "s1.log")) as log:
+        assert "its socket was removed" in log.read()
 
 
 @POSIX_SIGNALS

@@ -301,38 +301,53 @@ def test_a_real_build_of_a_package_that_needs_nothing_runs_no_pip_and_imports(tm
 
 # --- the build's children, when the setup ends mid-way -----------------------
 
-# A setup in a process of its own, at one step of a build: the step starts a
-# process of its own too, says both ids, and waits.
+# A setup in a process of its own, at one step of a build. The step starts
+# a process of its own the way pip re-runs itself (__pip-runner__): one
+# that holds neither the lock nor a death signal, and writes into the
+# environment until it is ended. The step says both ids and its group's.
 SETUP_AT_A_STEP = """
 import os, sys
 sys.path.insert(0, os.path.dirname(sys.argv[1]))
 import lich_runtime as runtime
 runtime.end_with_signals()
-if sys.argv[3] == "no-death-signal":
-    runtime._prctl = None
 with runtime._Lock(sys.argv[2], print) as lock:
-    runtime.run_child([sys.executable, "-c", sys.argv[4]], hold=lock.file.fileno())
+    runtime.run_child([sys.executable, "-c"] + sys.argv[3:], hold=lock.file.fileno())
 """
 STEP = """
 import os, subprocess, sys, time
-started = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-print(os.getpid(), started.pid, flush=True)
+started = subprocess.Popen([sys.executable, "-c", sys.argv[2], sys.argv[1]])
+print(os.getpid(), started.pid, getattr(os, "getpgrp", os.getpid)(), flush=True)
 time.sleep(600)
+"""
+WRITES = """
+import os, sys, time
+n = 0
+while True:
+    with open(os.path.join(sys.argv[1], "site-packages-%d" % (n % 100)), "w") as f:
+        f.write(str(n))
+    n += 1
+    time.sleep(0.01)
 """
 
 
 class SetupAtAStep:
-    def __init__(self, data, death_signal=True):
+    def __init__(self, data):
         os.makedirs(data, exist_ok=True)
         self.lock = os.path.join(data, runtime.LOCK)
+        self.env = os.path.join(data, "env-0.1.0-0123456789ab")
+        os.makedirs(self.env)
         self.process = subprocess.Popen(
-            [sys.executable, "-c", SETUP_AT_A_STEP, SCRIPT, self.lock, "death-signal" if death_signal else "no-death-signal", STEP],
+            [sys.executable, "-c", SETUP_AT_A_STEP, SCRIPT, self.lock, STEP, self.env, WRITES],
             stdout=subprocess.PIPE, universal_newlines=True)
-        self.step, self.started = map(int, self.process.stdout.readline().split())
+        self.step, self.started, self.group = map(int, self.process.stdout.readline().split())
 
     def end(self, signum):
         self.process.send_signal(signum)
         assert self.process.wait(30) == (-signum if signum == signal.SIGKILL else 128 + signum)
+
+    def all_end(self, timeout=10):
+        """Whether the step, what it started and the group's leader all end within `timeout` seconds."""
+        return all(ends(pid, timeout) for pid in {self.step, self.started, self.group})
 
     def __enter__(self):
         return self
@@ -343,7 +358,7 @@ class SetupAtAStep:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGTERM)  # TerminateProcess
         else:
-            runtime.kill_group(self.step)  # the step leads the group, and what it started is in it
+            runtime.kill_group(self.group)
         self.process.stdout.close()
 
 
@@ -379,36 +394,39 @@ def lock_is_free(path):
 
 
 @pytest.mark.skipif(WINDOWS, reason="POSIX's signals; on Windows a relay ends the setup outright (the test below)")
-@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP", pytest.param("SIGKILL", marks=pytest.mark.skipif(
-    runtime._prctl is None, reason="a child's death signal is Linux's (prctl)"))])
-def test_a_setup_that_ends_ends_its_build_step_and_frees_the_lock(data, name):
-    signum = getattr(signal, name)
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP", "SIGKILL"])
+def test_a_setup_that_ends_ends_its_build_step_what_that_started_and_frees_the_lock(data, name):
+    # Killed outright, the setup runs no handler: pip's re-run of itself,
+    # which holds no lock, went on writing into the environment the next
+    # build removed ("Directory not empty").
     with SetupAtAStep(data) as setup:
-        setup.end(signum)
-        assert ends(setup.step)
-        # Killed outright, the setup takes the step with it by its death signal, not what the step started.
-        assert signum == signal.SIGKILL or ends(setup.started)
+        setup.end(getattr(signal, name))
+        assert setup.all_end()
+        assert lock_is_free(setup.lock)
+        shutil.rmtree(setup.env)  # as the next build does: nothing writes into it any more
+        assert not os.path.exists(setup.env)
+
+
+@pytest.mark.skipif(WINDOWS, reason="the lock's descriptor held by the step's group is POSIX's; on Windows the lock goes with the setup")
+def test_the_lock_stays_held_until_the_steps_group_is_ended(data):
+    # The next build waits for the lock, then removes what a build cut short
+    # left: it must not get it while anything of that build can still write.
+    with SetupAtAStep(data) as setup:
+        os.kill(setup.group, signal.SIGSTOP)  # the group's leader held in the moment before it acts on the setup's end
+        setup.end(signal.SIGKILL)
+        assert not lock_is_free(setup.lock)
+        os.kill(setup.group, signal.SIGCONT)
+        assert setup.all_end()
         assert lock_is_free(setup.lock)
 
 
-@pytest.mark.skipif(not WINDOWS, reason="Windows's job object; POSIX's process groups and death signal are tested above")
+@pytest.mark.skipif(not WINDOWS, reason="Windows's job object; POSIX's process groups are tested above")
 def test_on_windows_a_setup_ended_outright_ends_its_build_step_what_that_started_and_the_lock(data):
     with SetupAtAStep(data) as setup:
         setup.process.kill()  # TerminateProcess: what a relay's kill() does there; no handler runs
         setup.process.wait(30)
         assert ends(setup.step)
         assert ends(setup.started)
-        assert lock_is_free(setup.lock)
-
-
-@pytest.mark.skipif(WINDOWS, reason="the step holds the lock's descriptor on POSIX; on Windows the job ends the step with its setup")
-def test_a_build_step_that_outlives_its_setup_holds_the_lock_until_it_ends(data):
-    # As on macOS, with no death signal: the next build must wait, not remove what it writes into.
-    with SetupAtAStep(data, death_signal=False) as setup:
-        setup.end(signal.SIGKILL)
-        assert not lock_is_free(setup.lock)
-        os.kill(setup.step, signal.SIGKILL)
-        assert ends(setup.step)
         assert lock_is_free(setup.lock)
 
 

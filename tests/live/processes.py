@@ -9,11 +9,12 @@ import select
 import signal
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Collection, Dict, List, Optional
 
 import attrs
 
 POLL_INTERVAL = 0.1  # between two looks at state another process owns
+ENDED = ("Z", "X")  # /proc/PID/stat's states of a process that has ended: zombie, dead
 
 
 def wait_until(look: Callable[[], object], timeout: float, what: str, holds: Callable[[object], object] = bool,
@@ -92,8 +93,15 @@ class ProcessWatch:
             return list(self._seen.values())
 
     def alive(self) -> List[Seen]:
-        """The watched processes running now (a zombie has ended)."""
-        return [Seen(pid, start, argv) for pid, state, start, argv in self._ours(_processes()) if state != "Z"]
+        """The watched processes running now (a zombie, or one dead and not yet gone from /proc, has ended)."""
+        return [Seen(pid, start, argv) for pid, state, start, argv in self._ours(_processes()) if state not in ENDED]
+
+    def wait_ended(self, what: str, timeout: float, but: Collection[int] = ()) -> None:
+        """Wait until no watched process runs but those in `but`. One that is
+        ending runs for a moment more with its argv already empty, before it
+        turns a zombie: a look then is no verdict, only the deadline is."""
+        wait_until(lambda: [p for p in self.alive() if p.pid not in but], timeout, what,
+                   holds=lambda left: not left, explain=lambda left: f"still running: {left}")
 
     def look(self) -> None:
         for pid, state, start, argv in self._ours(_processes()):
@@ -113,7 +121,7 @@ class ProcessWatch:
                     os.kill(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            wait_until(lambda: not self.alive(), timeout=5, what="the processes of the live test to end")
+            self.wait_ended("the processes of the live test to end", timeout=5)
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_INTERVAL):

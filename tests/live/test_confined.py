@@ -267,7 +267,7 @@ def exit_session(world, session):
     session.slash("/exit")
     assert session.wait_exit() == 0
     assert pid_ended(daemon, WAIT), "the daemon outlived its session"
-    assert not [p for p in world.watch.alive() if p.pid != world.lich.pid], "something of the session still runs"
+    world.watch.wait_ended("something of the session still runs", WAIT, but={world.lich.pid})
 
 
 # --- installed by the README's first route -----------------------------------

@@ -1,4 +1,10 @@
-"""The live tests' process watch claims its own sessions and no one else's."""
+"""The live tests' process watch claims its own sessions and no one else's,
+and waits for them to end."""
+import subprocess
+import sys
+
+import pytest
+
 from processes import ProcessWatch
 
 
@@ -26,3 +32,18 @@ def test_what_our_session_runs_is_claimed_after_its_leader_ended_and_so_are_the_
     assert ours(watch, table) == ["leads its own session", "orphan of ours"]
     table.append(row(301, 1, 300, 8, "in the session it started"))
     assert ours(watch, table) == ["in the session it started", "leads its own session", "orphan of ours"]
+
+
+def test_the_end_of_the_watched_processes_is_waited_for_not_judged_on_one_look():
+    # Just after its stdin closes, the child is still running, or ending
+    # with its argv already empty: neither is a verdict.
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, start_new_session=True)
+    with ProcessWatch() as watch:
+        watch.track(child.pid)
+        assert [p.pid for p in watch.alive()] == [child.pid]
+        with pytest.raises(AssertionError, match=r"the child to end: not within 0.2 s; still running: \[Seen\(pid=%d" % child.pid):
+            watch.wait_ended("the child to end", 0.2)
+        child.stdin.close()
+        watch.wait_ended("the child to end", 10)
+        assert watch.alive() == []  # ended, a zombie until reaped
+    child.wait(10)

@@ -318,8 +318,7 @@ def test_7_after_exit_the_daemon_is_gone_its_socket_removed_and_nothing_polls(wo
     assert mod_status(world.ws.run_dir)["daemons"] == []
     outcome = world.lich.control(SESSION, "prompt", "is anyone there?", timeout=3)
     assert outcome["ok"] is False and not outcome.get("delivered"), outcome
-    left = [p for p in world.watch.alive() if p.pid != world.lich.pid]
-    assert left == [], f"still running after the session ended: {left}"
+    world.watch.wait_ended("the session's processes to end", WAIT, but={world.lich.pid})
 
 
 # --- 8 ----------------------------------------------------------------------
