@@ -29,6 +29,9 @@ from workspace import PLUGIN_NAME, new_api_key, python_option
 # Where .ci/plugin-checks says which Claude Code it checked; unset, the
 # test asks .ci/claude-code itself (which installs it when missing).
 CLAUDE_ENV = "LICH_LIVE_CLAUDE"
+# The prompt's footer while "!" has it in shell (bash) mode, as every release
+# the live test runs words it.
+SHELL_MODE = "! for shell mode"
 
 
 def claude_binary() -> str:
@@ -49,6 +52,15 @@ class ClaudeSession(HostSession):
         self.debug_log = world.ws.debug_log(name or session_id or "claude")
         argv = world.session_argv([world.claude, *plugin_args(plugin_dir), "--debug-file", self.debug_log, *args])
         super().__init__(world.ws, argv, world.env(session_id, env), session_id, world.watch)
+
+    def shell(self, command: str, timeout: float = 10.0) -> None:
+        """Run `command` in bash mode, as a person does: "!" at the empty
+        prompt, then the command once the footer shows the mode switched,
+        so that a switch that did not happen fails here, saying so, and the
+        command never goes to the model as a prompt."""
+        self.terminal.type("!")
+        self.wait_for_screen(SHELL_MODE, timeout)
+        self.enter(command, timeout)
 
     def debug_text(self) -> str:
         try:
