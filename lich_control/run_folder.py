@@ -22,9 +22,9 @@ from typing import Iterator
 from .config import WINDOWS, BadConfig
 
 if WINDOWS:
-    import msvcrt
+    from .windows import try_lock
 else:
-    import fcntl
+    from .posix import try_lock
 
 PRIVATE = 0o600
 # Never follow a link; never pass a descriptor to a child (Windows: none is inherited unless asked).
@@ -141,32 +141,15 @@ def session_lock(path: str, session_id: str, wait: float) -> Iterator[None]:
         deadline = time.monotonic() + wait
         while True:
             try:
-                _lock(fd)
-                break
+                if try_lock(fd):
+                    break
             except OSError as exc:
-                if not _held(exc):
-                    raise BadConfig(f"cannot lock {path}: {exc.strerror}") from exc
-                if time.monotonic() >= deadline:
-                    raise LockHeld(f"another daemon is still polling for session {session_id}; exiting, to be started again once it is gone") from None
-                time.sleep(LOCK_RETRY_SECONDS)
+                raise BadConfig(f"cannot lock {path}: {exc.strerror}") from exc
+            if time.monotonic() >= deadline:
+                raise LockHeld(f"another daemon is still polling for session {session_id}; exiting, to be started again once it is gone")
+            time.sleep(LOCK_RETRY_SECONDS)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
         os.close(fd)
-
-
-def _lock(fd: int) -> None:
-    """Lock `fd` for this process, or raise at once. msvcrt's locks the first
-    byte (past the end is allowed); Windows too releases it however we end."""
-    if WINDOWS:
-        os.lseek(fd, 0, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-    else:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-
-
-def _held(exc: OSError) -> bool:
-    # flock: EWOULDBLOCK. msvcrt's only refusal of a byte on an open file is
-    # that another holds it, whatever errno it gives (Wine's is 0).
-    return WINDOWS or isinstance(exc, BlockingIOError)

@@ -1,11 +1,16 @@
 """What the daemon asks of Windows itself, through ctypes: whether a process
-still runs, who owns the other end of a loopback connection, and a pipe that
-never makes a write wait. Imported only on Windows, except the TCP table's
-parsing, which is plain bytes and tested everywhere.
+still runs, who owns the other end of a loopback connection, a pipe that
+never makes a write wait, and a file's lock. Imported only on Windows, except
+the TCP table's parsing, which is plain bytes and tested everywhere.
+
+The plugin's setup imports this file by its path, with whatever Python runs
+it, before the package is installed: it imports the standard library only,
+never the package.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import socket
 import struct
 from typing import Iterator, Optional, Tuple
@@ -164,3 +169,42 @@ def nonblocking_pipe(fd: int, wait: bool = False) -> bool:
         return False
     mode = wintypes.DWORD(0 if wait else PIPE_NOWAIT)
     return bool(kernel32.SetNamedPipeHandleState(handle, ctypes.byref(mode), None, None))
+
+
+# A file's lock: msvcrt's lock of its first byte (LockFile; past the end is
+# allowed), which no other process can take, and which Windows releases
+# however the process ends. There is no shared lock.
+
+
+def try_lock(fd: int, shared: bool = False) -> bool:
+    """Take the lock on `fd` if no other process holds it: whether it did.
+    msvcrt's only refusal of a byte on an open file is that another holds
+    it, whatever errno it gives (Wine's is 0)."""
+    import msvcrt
+
+    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+    except OSError:
+        return False
+    return True
+
+
+def wait_lock(fd: int) -> None:
+    """Take the lock on `fd`, waiting as long as another holds it."""
+    import msvcrt
+
+    while True:
+        os.lseek(fd, 0, os.SEEK_SET)
+        try:  # LK_LOCK tries once a second for ten seconds, then gives up
+            msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
+            return
+        except OSError:
+            continue
+
+
+def unlock(fd: int) -> None:
+    import msvcrt
+
+    os.lseek(fd, 0, os.SEEK_SET)
+    msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
