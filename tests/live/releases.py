@@ -76,16 +76,6 @@ class Release:
         return env
 
     @property
-    def own_warnings(self) -> Tuple[str, ...]:
-        """The warnings Claude Code itself writes naming a plugin like this
-        one, whatever its mod does: before 2.1.286 it asks every mod for its
-        options at load, and warns where the manifest declares none (this
-        one declares none: docs/install.md, "Which Claude Code")."""
-        if self.runs_mods and key(self.version) < (2, 1, 286):
-            return ("options requested but its manifest declares no userConfig",)
-        return ()
-
-    @property
     def submits_as_user(self) -> bool:
         """Whether $.prompt.submit takes asUser (2.1.286 on); before, the
         model reads a plugin's prompt under the plugin's name."""
