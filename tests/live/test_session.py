@@ -321,9 +321,12 @@ def test_7_the_python_option_set_in_config_runs_the_daemon_it_restarts(world, se
     session.set_in_config(PYTHON_ROW, configured)
     # Stored where Claude Code keeps the options of a --plugin-dir plugin,
     # and the module reloaded with them: a new daemon, under that interpreter.
-    with open(os.path.join(world.ws.home, ".claude", "settings.json")) as f:
-        stored = json.load(f)["pluginConfigs"][f"{PLUGIN_NAME}@inline"]["options"]
-    assert stored == {"python": configured}, stored
+    def stored():
+        with open(os.path.join(world.ws.home, ".claude", "settings.json")) as f:
+            return json.load(f).get("pluginConfigs", {}).get(f"{PLUGIN_NAME}@inline")
+
+    session.wait_for(stored, lambda held: held == {"options": {"python": configured}}, WAIT,
+                     f"pluginConfigs[{PLUGIN_NAME}@inline] of the settings holding it", lambda held: f"it holds {held}")
     status = session.wait_status(
         lambda s: s["daemon"]["pid"] != before and s["poll"]["state"] == "polling" and s["poll"]["last_poll_age_s"] is not None,
         WAIT, "a new daemon polling")
