@@ -1,7 +1,7 @@
 """lich drives a live, interactive Windows Claude Code session under Wine:
-every command kind, acked, and the python option Claude Code hands over
-(userConfig) running the daemon a reload starts; and, before it, a first session whose relay finds
-Python and builds the daemon's environment itself.
+every command kind, acked, and the python option stored as /config stores
+it running the daemon of the reload it causes; and, before it, a first
+session whose relay finds Python and builds the daemon's environment itself.
 
 The Claude Code live test's world (claude_world.py), with Windows programs
 in it: the Windows claude.exe under Wine in the pseudo-terminal, the plugin
@@ -234,22 +234,19 @@ def test_a_command_is_acked_and_runs(world, session):
     session.wait_idle()
 
 
-def test_after_a_reload_the_relay_runs_the_python_option_claude_code_hands_over(world, session):
+def test_the_python_option_stored_as_config_stores_it_runs_the_daemon_the_reload_starts(world, session):
     # Stored where /config stores it for a --plugin-dir plugin, beside the
-    # settings' own under the bare name: Claude Code hands the module the
-    # first as its options, and the relay runs that. The interpreter is the
-    # environment's the first session built, a Windows Python other than the
-    # settings' own, so the name tells which ran. (/config itself is driven
-    # on Linux, test_session.py: under Wine the screen the test draws from
-    # claude.exe's output is garbled while the menu is open.)
-    # (The new daemon's spawn is what is checked: under Wine the reload
-    # leaves the old daemon running, so the new one waits for it to go.)
+    # settings' own under the bare name: Claude Code sees the options change,
+    # reloads the module and hands it the new value, and the relay runs that.
+    # The interpreter is the environment's the first session built, a Windows
+    # Python other than the settings' own, so the name tells which ran.
+    # (/config itself is driven on Linux, test_session.py: under Wine the
+    # screen the test draws from claude.exe's output is garbled while the
+    # menu is open. The new daemon's spawn is what is checked: under Wine the
+    # reload leaves the old daemon running, so the new one waits for it.)
     assert world.env_python not in session.debug_text()
     world.ws.write_settings({"pluginConfigs": {f"{PLUGIN_NAME}@inline": {"options": {"python": world.env_python}}}})
-    mark = session.terminal.mark()
-    session.slash("/reload-plugins")
-    # Keys typed before the reload is done are lost: the next check's /exit.
-    session.terminal.wait_for_text("Reloaded:", WAIT, since=mark)
+    session.wait_debug(f"[{PLUGIN_NAME}] $.ui.log: options changed — reloaded", WAIT)
     session.wait_debug(f"$.process.spawn ({PLUGIN_NAME}): {world.env_python} with 2 args", WAIT)
 
 
