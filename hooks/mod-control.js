@@ -36,7 +36,7 @@ let claimed = false
 const bridge = new Bridge()
 
 /** @type {import('claude-code').Register} */
-export function register(on) {
+export function register(on, options) {
   on('session.start', async ($, e, next) => {
     // Before next(e), and not awaited: the daemon's start, a Python
     // interpreter's, overlaps the rest of the session's.
@@ -44,7 +44,7 @@ export function register(on) {
       claimed = true
       // Nothing that keeps the daemon from starting goes unsaid: a throw
       // here would only reach Claude Code's note of an unawaited rejection.
-      void supervise($, e.isInteractive).catch(err =>
+      void supervise($, e.isInteractive, options?.python).catch(err =>
         log($, `lich-control could not start its daemon, so lich cannot control this session: ${messageOf(err)}`),
       )
     }
@@ -72,7 +72,7 @@ export function register(on) {
 
 // Runs off the hook's back: the session goes on, turns included, while an
 // environment is built, and the daemon starts when it is ready.
-async function supervise($, isInteractive) {
+async function supervise($, isInteractive, option) {
   try {
     if (!isInteractive || !(await insideLich($))) return
     // Asked all at once: each is a round trip to Claude Code's worker, and
@@ -81,7 +81,7 @@ async function supervise($, isInteractive) {
       onWindows($),
       lichPluginPolls($),
       hookEnv($),
-      namedPython($),
+      namedPython($, option),
       fetchRefusal($),
     ])
     if (otherPolls) return
@@ -282,13 +282,16 @@ async function registeredMod($, root) {
   return null
 }
 
-// The `python` option, where Claude Code keeps plugin options: `pluginConfigs`
-// in the user's settings, `--settings` or managed settings (never a project's,
-// which a cloned repository could use to run a program of its choosing).
-// plugin.json does not declare it: Claude Code reports every declared option
-// without a stored value as "not yet set" at install, default or not, and
-// this one needs none. Null when none names an interpreter.
-async function namedPython($) {
+// The `python` option: the manifest's userConfig field, which Claude Code
+// hands over as `options` (set in /config, or stored under the plugin's key
+// in `pluginConfigs` of the user's settings, `--settings` or managed
+// settings; never a project's, which a cloned repository could use to run a
+// program of its choosing), "" when unset. A value stored under the bare
+// name before the field was declared is read from those same settings:
+// Claude Code hands an installed plugin only what its full key
+// (`lich-control@lich-control`) holds. Null when none names an interpreter.
+async function namedPython($, option) {
+  if (typeof option === 'string' && option.trim()) return option.trim()
   const sources = await Promise.all(['policy', 'flag', 'user'].map(source => $.settings.read({ source }).catch(() => undefined)))
   for (const settings of sources) {
     for (const [key, config] of Object.entries(settings?.pluginConfigs ?? {})) {

@@ -19,10 +19,11 @@ of installing the plugin (a marketplace) starts its session with
 from __future__ import annotations
 
 import subprocess
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from devlich import python
 from modelapi import ANSWER_PREFIX, ModelAPI
+from terminal import ESC
 from world import HostSession, LiveWorld, lich_env, pinned_binary
 from workspace import PLUGIN_NAME, new_api_key, python_option
 
@@ -76,6 +77,38 @@ class ClaudeSession(HostSession):
             return next((line for line in self.debug_text().splitlines() if words in line), None)
 
         return self.wait_for(find, bool, timeout, f"a line with {words!r} in {self.debug_log}")
+
+    def set_in_config(self, row: str, value: str, timeout: float = 10.0) -> None:
+        """Set a plugin's `userConfig` field in /config as a person does: the
+        rows filtered down to `row` (its title, then the plugin's name, as the
+        menu draws it), the row opened, what it holds replaced by `value`,
+        Enter to save, and the menu closed. Each key waits for what the one
+        before put on the screen (the menu redraws only what changed, so the
+        stream alone does not say), in the words of 2.1.280 and 2.1.332."""
+
+        def wait(what: str, holds: Callable[[str], bool]) -> None:
+            self.wait_for(self.screen, holds, timeout, what, lambda text: f"the screen: {text}")
+
+        def shows(*words: str) -> None:
+            wait(f"{words!r} on the screen", lambda text: any(" ".join(w.split()) in " ".join(text.split()) for w in words))
+
+        title = row.split(" · ")[0]
+        self.slash("/config")
+        shows("Search settings")
+        self.terminal.type(title.split()[0].lower())
+        shows(row)
+        self.terminal.type("\r")
+        shows("Enter to open", "Enter/Space to change")
+        self.terminal.type("\r")
+        shows("Enter to continue")
+        # Ctrl+U first: the field opens holding the value it has now.
+        self.terminal.type("\x15")
+        wait(f"the field {title!r} emptied", lambda text: any(line.strip() == f"❯ {title}" for line in text.splitlines()))
+        self.terminal.type(value)
+        shows(f"{title} {value}")
+        self.terminal.type("\r")
+        shows(f"{row} {value}")
+        self.terminal.type(ESC)
 
     def log_lines(self) -> Tuple[str, List[str]]:
         return (f"debug log {self.debug_log}",

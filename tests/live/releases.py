@@ -77,16 +77,6 @@ class Release:
         return env
 
     @property
-    def own_warnings(self) -> Tuple[str, ...]:
-        """The warnings Claude Code itself writes naming a plugin like this
-        one, whatever its mod does: before 2.1.286 it asks every mod for its
-        options at load, and warns where the manifest declares none (this
-        one declares none: docs/install.md, "Which Claude Code")."""
-        if self.runs_mods and key(self.version) < (2, 1, 286):
-            return ("options requested but its manifest declares no userConfig",)
-        return ()
-
-    @property
     def submits_as_user(self) -> bool:
         """Whether $.prompt.submit takes asUser (2.1.286 on); before, the
         model reads a plugin's prompt under the plugin's name."""
@@ -153,9 +143,7 @@ TABLE = (
         "`CLAUDE_CODE_ENABLE_FUNCTION_HOOKS=1` in the session's environment",
         "every command kind; a notification prompt reaches the model under the plugin's name (\"The lich-control "
         "plugin sent a message: …\", the `<task-notification>` whole after it), since `$.prompt.submit` takes "
-        "`asUser` from 2.1.286 on. Claude Code's own debug log warns of every mod whose manifest declares no "
-        "`userConfig` (\"options requested but its manifest declares no userConfig\"): this plugin declares none "
-        "(its `python` option is read from the settings, [By hand](#by-hand))",
+        "`asUser` from 2.1.286 on",
         ("2.1.280", "2.1.285"), {"2.1.280": "switched on"}),
     Row("2.1.260", "2.1.278", False,
         "the plugin loads and the mod is skipped (the rollout switch is off for plugins there)", REFUSED, ("2.1.278",)),

@@ -1,6 +1,7 @@
 """lich drives a live, interactive Windows Claude Code session under Wine:
-every command kind, acked; and, before it, a first session whose relay
-finds Python and builds the daemon's environment itself.
+every command kind, acked, and the python option stored as /config stores
+it running the daemon of the reload it causes; and, before it, a first
+session whose relay finds Python and builds the daemon's environment itself.
 
 The Claude Code live test's world (claude_world.py), with Windows programs
 in it: the Windows claude.exe under Wine in the pseudo-terminal, the plugin
@@ -166,6 +167,7 @@ def test_a_first_session_with_no_python_option_runs_the_setup_with_python_after_
     env_python = first.wait_debug("lich-control setup: the environment is ready: ").split("is ready: ", 1)[1].strip()
     assert env_python.endswith("\\Scripts\\python.exe"), env_python
     assert spawns[3].startswith(f"{env_python} with 2 args") and f"(pid {status['daemon']['pid']})" in spawns[3], spawns
+    world.env_python = env_python
     # Ended as lich ends a card's session, so that the module's session is
     # the only one left (its /exit is checked at its end): a /exit typed here,
     # just after the setup's line went, once never showed within 10 s under
@@ -230,6 +232,22 @@ def test_a_command_is_acked_and_runs(world, session):
     ran = main_request(world, "[win-command]")
     assert "The custom command ran with [win-command]" in ran.last_user_text
     session.wait_idle()
+
+
+def test_the_python_option_stored_as_config_stores_it_runs_the_daemon_the_reload_starts(world, session):
+    # Stored where /config stores it for a --plugin-dir plugin, beside the
+    # settings' own under the bare name: Claude Code sees the options change,
+    # reloads the module and hands it the new value, and the relay runs that.
+    # The interpreter is the environment's the first session built, a Windows
+    # Python other than the settings' own, so the name tells which ran.
+    # (/config itself is driven on Linux, test_session.py: under Wine the
+    # screen the test draws from claude.exe's output is garbled while the
+    # menu is open. The new daemon's spawn is what is checked: under Wine the
+    # reload leaves the old daemon running, so the new one waits for it.)
+    assert world.env_python not in session.debug_text()
+    world.ws.write_settings({"pluginConfigs": {f"{PLUGIN_NAME}@inline": {"options": {"python": world.env_python}}}})
+    session.wait_debug(f"[{PLUGIN_NAME}] $.ui.log: options changed — reloaded", WAIT)
+    session.wait_debug(f"$.process.spawn ({PLUGIN_NAME}): {world.env_python} with 2 args", WAIT)
 
 
 def test_after_exit_no_daemon_answers_and_lich_reaches_none(world, session):

@@ -384,6 +384,25 @@ describe('the Python environment', () => {
       expect(world.setups).toHaveLength(builds)
     })
   }
+
+  // What /config sets: the manifest's userConfig field, handed to the module as options.
+  test('the python option set in /config runs the daemon, and nothing is built', { options: { python: ' /opt/py/bin/python3.13 ' } }, async ($, on) => {
+    const world = await spawnedWith($, on)
+    expect(world.child.request.argv).toEqual(['/opt/py/bin/python3.13', '-m', 'lich_control.daemon'])
+    expect(world.envSet.LICH_CONTROL_PYTHON).toBe('/opt/py/bin/python3.13')
+    expect(world.setups).toHaveLength(0)
+  })
+
+  test('the python option set in /config wins over a value stored under the bare name', { options: { python: '/opt/config/python' } }, async ($, on) => {
+    const world = await spawnedWith($, on, { settings: { user: pythonOption('/home/me/py') } })
+    expect(world.child.request.argv).toEqual(['/opt/config/python', '-m', 'lich_control.daemon'])
+  })
+
+  test('unset in /config (empty), the python option stored under the bare name still runs the daemon', { options: { python: '' } }, async ($, on) => {
+    const world = await spawnedWith($, on, { settings: { user: pythonOption('/home/me/py') } })
+    expect(world.child.request.argv).toEqual(['/home/me/py', '-m', 'lich_control.daemon'])
+    expect(world.setups).toHaveLength(0)
+  })
 })
 
 describe('next to lich-plugin', () => {
