@@ -36,7 +36,7 @@ lich_system.py holds what differs between POSIX and Windows. The bin/
 tools start through lich_launch.py, which reads the records kept here.
 Standard library only, and syntax an old python3 still reads, so that one
 too old for the package is told so rather than failing to parse these files
-(from 3.7 on: the daemon's lock module, read at the first lock, needs it).
+(it is told before the first lock loads the daemon's lock module, which it may not read).
 """
 import argparse
 import glob
@@ -103,6 +103,11 @@ class Runtime:
             return python, False
         os.makedirs(self.data, exist_ok=True)
         self.building(self.env_dir(key))
+        try:  # before the lock: a Python too old for the package may not read the daemon's lock module either
+            self.check_python()
+        except SetupFailed as failure:
+            self.remember_failure(key, failure)
+            raise
         asked = self.now()
         with self.locked() as lock:
             self.lock = lock
@@ -143,7 +148,6 @@ class Runtime:
         return python
 
     def build(self, key):
-        self.check_python()
         env = self.env_dir(key)
         # What a build cut short left: the lock, which its children held while
         # they lived, says nothing of it writes there any more.
@@ -346,7 +350,7 @@ def main(argv=None):
     except SetupFailed as failure:
         return failed(str(failure), data, failure.short)
     except OSError as error:  # the data folder itself (unwritable, full), or no job object on Windows
-        return failed(error.strerror + (" ({})".format(error.filename) if error.filename else ""), data)
+        return failed("{}{}".format(error.strerror, " ({})".format(error.filename) if error.filename else ""), data)
     return answer({"ok": True, "python": python, "built": built})
 
 

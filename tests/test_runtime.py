@@ -266,7 +266,17 @@ def test_the_program_answers_a_failure_in_one_json_line_that_says_what_to_do(too
                                       .format(problem, result["command"]))
     assert "set the plugin's python option" in result["error"] and "docs/install.md" in result["error"]
     assert "Traceback" not in stderr
-    assert sorted(os.listdir(data)) == [runtime.FAILURE, runtime.LOCK]  # recorded, and no environment
+    assert sorted(os.listdir(data)) == [runtime.FAILURE]  # recorded, and no environment
+
+
+def test_a_python_too_old_to_read_the_daemons_lock_is_told_it_is_too_old(tmp_path, data):
+    # lich_control's lock modules need 3.7 (their annotations); a Python 3.6 reads the setup's own files.
+    plugin = make_plugin(str(tmp_path / "plugin"), requires=">=99.0")
+    for name in ("posix.py", "windows.py"):
+        write(os.path.join(plugin.root, "lich_control", name), "this is no Python this interpreter reads\n")
+    code, result, stderr = run_script(copy_of_the_script(plugin), "--data", data)
+    assert code == 1 and result["problem"].endswith("and lich-control needs 99.0 or later"), stderr
+    assert runtime.FAILURE in os.listdir(data)
 
 
 def test_the_command_a_failure_names_works_as_printed_in_a_shell(tmp_path):
