@@ -26,10 +26,10 @@ def test_the_environments_interpreter_is_where_venv_puts_it_on_each_system():
     assert lich_system.Posix().env_python("env") == os.path.join("env", "bin", "python")
 
 
-def test_the_lock_is_the_daemons_own_file_for_each_system():
-    for system, name in [(lich_system.Posix(), "posix.py"), (lich_system.Windows(), "windows.py")]:
-        assert os.path.samefile(system.lock().__file__, os.path.join(ROOT, "lich_control", name))
-    assert lich_system.SYSTEM.lock() is lich_system.SYSTEM.lock()  # loaded once
+def test_the_lock_is_the_daemons_own_file_loaded_once():
+    daemons = os.path.join(ROOT, "lich_control", "windows.py" if os.name == "nt" else "posix.py")
+    assert os.path.samefile(lich_system.SYSTEM.lock().__file__, daemons)
+    assert lich_system.SYSTEM.lock() is lich_system.SYSTEM.lock()
 
 
 def test_on_macos_pip_caches_where_lichs_profile_lets_it_unless_named():
