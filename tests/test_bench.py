@@ -59,7 +59,10 @@ def test_the_setup_benchmark_measures_a_first_and_a_next_session(tmp_path):
     (plugin / "setup.cfg").write_text("[options]\npython_requires = >=3.9\n")
     (plugin / "lich_control" / "__init__.py").write_text("")
     (plugin / "lich_control" / "daemon.py").write_text("")
-    shutil.copy(os.path.join(ROOT, "hooks", "lich_runtime.py"), str(plugin / "hooks"))
+    for name in ("lich_runtime.py", "lich_package.py", "lich_children.py", "lich_system.py"):
+        shutil.copy(os.path.join(ROOT, "hooks", name), str(plugin / "hooks"))
+    for name in ("posix.py", "windows.py"):
+        shutil.copy(os.path.join(ROOT, "lich_control", name), str(plugin / "lich_control"))
     figures = tmp_path / "setup.json"
     done = subprocess.run(
         [sys.executable, "-m", "lich_bench.setup", "--runs", "1", "--plugin", str(plugin), "--python", sys.executable,
