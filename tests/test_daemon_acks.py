@@ -303,7 +303,8 @@ class Daemon:
 class Outcome:
     handed: int = 0
     acked: int = 0
-    excused: int = 0
+    overran: int = 0  # unacked, and the log names a thread that overran the grace
+    gone: int = 0  # unacked, and their lich killed: no ack can reach it
     rss: list = attrs.Factory(list)  # (at start, at the stop) per daemon, kB
     problems: list = attrs.Factory(list)
 
@@ -409,8 +410,10 @@ def _judge(schedule: Schedule, session: str, served: list, run_dir: str, outcome
             elif n > 1:
                 outcome.problems.append(f"lich {lifetime + 1}: {cid} acked {n} times")
         missing = sorted(set(handed) - set(acks), key=lambda cid: int(cid[1:]))
-        if missing and (gone or overran):
-            outcome.excused += len(missing)
+        if missing and gone:
+            outcome.gone += len(missing)
+        elif missing and overran:
+            outcome.overran += len(missing)
         elif missing:
             outcome.problems.append(f"lich {lifetime + 1}: {len(missing)} of {len(handed)} handed out got no ack, and no thread overran its grace: {missing[:10]}")
     if outcome.problems:
@@ -467,8 +470,8 @@ def test_soak(tmp_path):
     print(
         f"\nsoak: {count} schedules (seeds {first} to {first + count - 1}, {LANES} at a time) in {took:.0f} s; "
         f"{len(rss)} daemons; {sum(o.handed for o in outcomes):,} commands handed out, "
-        f"{sum(o.acked for o in outcomes):,} acks, {sum(o.excused for o in outcomes):,} unacked with a grace overrun "
-        f"logged or their lich gone; {len(failures)} schedules failed\n"
+        f"{sum(o.acked for o in outcomes):,} acks; unacked: {sum(o.overran for o in outcomes):,} with a grace overrun logged, "
+        f"{sum(o.gone for o in outcomes):,} of a lich killed; {len(failures)} schedules failed\n"
         f"daemon RSS, each daemon at its first poll and before its stop: start median {starts[len(starts) // 2] / 1024:.1f} MiB "
         f"(max {starts[-1] / 1024:.1f}), end median {ends[len(ends) // 2] / 1024:.1f} MiB (max {ends[-1] / 1024:.1f})"
     )
