@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
 import attrs
 import pytest
@@ -45,6 +46,7 @@ pytestmark = pytest.mark.skipif(os.name == "nt", reason="signals, a parent's dea
 
 SEEDS = range(100)  # the fixed set make test runs
 EXIT_WITHIN = 5.0  # the daemon's own bound is 2 s; this one only catches a hang
+START_WITHIN = 20.0  # a start on a loaded machine: imports, the lock
 OVERRAN = "did not stop within the"  # daemon.Daemon.shutdown's line naming a thread
 NEWER_KINDS = {"rewind": ()}  # a kind lich knows and the daemon does not: acked `unknown kind`
 STOPS = ("sigterm", "parent", "lifeline", "lock")
@@ -217,7 +219,7 @@ class Daemon:
     def pid(self) -> int:
         return self.hello["pid"]
 
-    def wait_hello(self, timeout: float = 10.0) -> bool:
+    def wait_hello(self, timeout: float = START_WITHIN) -> bool:
         self.hello_seen.wait(timeout)
         return self.hello is not None
 
@@ -320,7 +322,7 @@ def run_schedule(schedule: Schedule, lichs: Lichs, run_dir: str) -> Outcome:
     outcome = Outcome()
     try:
         assert first.wait_hello(), "the daemon sent no hello"
-        assert lichs.lich.wait_polled(session, 10.0, parked=True), "the daemon never polled"
+        assert lichs.lich.wait_polled(session, START_WITHIN, parked=True), "the daemon never polled"
         first.note_rss()
         for name, value in schedule.events[:-1]:
             lich = lichs.lich
@@ -355,7 +357,7 @@ def run_schedule(schedule: Schedule, lichs: Lichs, run_dir: str) -> Outcome:
             second = Daemon(dict(env, LICH_CONTROL_LOCK_WAIT=str(arg["lock"])), rng, schedule.answers)
             daemons.append(second)
             if arg["lock"] == 0:
-                second.proc.wait(EXIT_WITHIN)
+                second.proc.wait(START_WITHIN)
                 if second.proc.returncode != 75:
                     outcome.problems.append(f"the second daemon exited {second.proc.returncode}, not 75")
             polls_before = lichs.lich.polled(session).polls
@@ -364,10 +366,13 @@ def run_schedule(schedule: Schedule, lichs: Lichs, run_dir: str) -> Outcome:
             outcome.problems.append(f"the daemon did not exit within {EXIT_WITHIN:g} s of the stop")
         if stop == "lock" and arg["lock"] and second.wait_hello() and len(served) == 1:  # else its token is the old lich's
             lich = lichs.lich
-            if lich.wait_until(session, lambda info: info.polls > polls_before and info.parked, 10.0):
+            if lich.wait_until(session, lambda info: info.polls > polls_before and info.parked, START_WITHIN):
                 second.note_rss()
                 cmds = [dict(c, id=i) for c, i in zip(arg["then"], lichs.ids(len(arg["then"])))]
-                lich.queue_all(session, cmds)
+                try:
+                    lich.queue_all(session, cmds)
+                except NotPolling:
+                    pass
                 second.note_rss()
             second.proc.send_signal(signal.SIGTERM)
             if not second.wait_exit():
@@ -436,8 +441,8 @@ def run_lanes(seeds, run_dir: str, lanes: int = LANES):
             for seed in mine:
                 try:
                     outcomes.append(run_schedule(Schedule.draw(seed), lichs, run_dir))
-                except AssertionError as failed:
-                    failures.append(f"{failed}\nreplay: LICH_PROPERTY_SEED={seed} pytest {__file__}")
+                except Exception:  # an assertion, or the harness itself: either fails the seed, and the lane goes on
+                    failures.append(f"{traceback.format_exc()}\nreplay: LICH_PROPERTY_SEED={seed} pytest {__file__}")
                 finally:
                     lichs.lich.record.clear()
         finally:
