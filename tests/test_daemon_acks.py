@@ -441,8 +441,9 @@ def run_lanes(seeds, run_dir: str, lanes: int = LANES):
             for seed in mine:
                 try:
                     outcomes.append(run_schedule(Schedule.draw(seed), lichs, run_dir))
-                except Exception:  # an assertion, or the harness itself: either fails the seed, and the lane goes on
-                    failures.append(f"{traceback.format_exc()}\nreplay: LICH_PROPERTY_SEED={seed} pytest {__file__}")
+                except Exception as failed:  # the property, or the harness itself: either fails the seed, and the lane goes on
+                    said = str(failed) if isinstance(failed, AssertionError) else traceback.format_exc()
+                    failures.append(f"{said}\nreplay: LICH_PROPERTY_SEED={seed} pytest {__file__}")
                 finally:
                     lichs.lich.record.clear()
         finally:
