@@ -3,7 +3,8 @@
 It never waits on a command: the ordered ones go to the worker (`submit`)
 and asks to their pool (`submit_ask`), then the poll goes out again. Its
 backoff, its lich client and its stop flag are its own; `stop` may be called
-from any thread and cuts a parked poll, whose commands would reach nobody.
+from any thread and cuts a parked poll: lich then hands it nothing, and an
+answer already on its way is still read and handed on, to be acked.
 
 An answer is read whole (`read_answer`): one that is not a sound JSON array
 is one failed poll, as any other failure to get an answer is, and the next
