@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import http.client
 import json
 import os
 import random
@@ -251,18 +252,22 @@ class Daemon:
             stream.close()
 
     def _read(self) -> None:
+        """Until the daemon's stdout ends, which only its exit does: so this
+        thread must outlive any failure to answer."""
         conn = None
-        for raw in self.proc.stdout:
-            line = json.loads(raw)
-            if line["op"] == "hello":
-                self.hello = line
-                self.hello_seen.set()
-                conn = DaemonConnection(Address.of(line), 5.0)
-                continue
-            self._answer(conn, line)
-        self.hello_seen.set()
-        self.ended.set()
-        self._delayed.close()
+        try:
+            for raw in self.proc.stdout:
+                line = json.loads(raw)
+                if line["op"] == "hello":
+                    self.hello = line
+                    self.hello_seen.set()
+                    conn = DaemonConnection(Address.of(line), 5.0)
+                    continue
+                self._answer(conn, line)
+        finally:
+            self.hello_seen.set()
+            self.ended.set()
+            self._delayed.close()
 
     def _answer(self, conn, call: dict) -> None:
         method = call["method"]
@@ -291,8 +296,8 @@ class Daemon:
     def _post(conn, url: str, body: dict, close: bool = False) -> None:
         try:
             conn.exchange("POST", url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-        except OSError:
-            pass  # the daemon is gone, or going
+        except (OSError, http.client.HTTPException):
+            close = True  # the daemon is gone, or going; a later post tries a new connection
         finally:
             if close:
                 conn.close()
