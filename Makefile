@@ -1,6 +1,6 @@
 # make test   the whole suite (creates .venv unless a virtual environment is active)
 # make demo   the main job on the development lich and the simulated session
-# make soak   the one-ack property over many more schedules (SOAK_SCHEDULES, 400: ~5 minutes)
+# make soak   the one-ack property over many more schedules (SOAK_SCHEDULES, 2000: 5 minutes or more)
 # make plugin-install   the Claude Code plugin from this clone, for lich's confined sessions too
 
 PYTHON ?= python3
@@ -28,7 +28,7 @@ test: $(STAMP)
 # on seeds 0-99, over SOAK_SCHEDULES more (from seed 1000): it prints the
 # commands lich handed out, the acks, and each daemon's RSS at its first
 # poll and before its stop (docs/performance.md, "The one-ack soak").
-SOAK_SCHEDULES ?= 400
+SOAK_SCHEDULES ?= 2000
 soak: $(STAMP)
 	SOAK_SCHEDULES=$(SOAK_SCHEDULES) $(VENV_PY) -m pytest tests/test_daemon_acks.py -k soak -s
 
