@@ -1,5 +1,6 @@
 # make test   the whole suite (creates .venv unless a virtual environment is active)
 # make demo   the main job on the development lich and the simulated session
+# make soak   the one-ack property over many more schedules (SOAK_SCHEDULES, 2000: 5 minutes or more)
 # make plugin-install   the Claude Code plugin from this clone, for lich's confined sessions too
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ VENV_PY := .venv/bin/python
 endif
 STAMP := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)/.lich-control-installed
 
-.PHONY: test demo run bench bench-setup bench-first-poll plugin-check opencode-check canary release-table install plugin-install clean
+.PHONY: test soak demo run bench bench-setup bench-first-poll plugin-check opencode-check canary release-table install plugin-install clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@if [ -z "$(VIRTUAL_ENV)" ] && [ ! -x .venv/bin/python ]; then $(PYTHON) -m venv .venv; fi
@@ -22,6 +23,14 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(VENV_PY) -m pytest
+
+# The one-ack property of tests/test_daemon_acks.py, which make test runs
+# on seeds 0-99, over SOAK_SCHEDULES more (from seed 1000): it prints the
+# commands lich handed out, the acks, and each daemon's RSS at its first
+# poll and before its stop (docs/performance.md, "The one-ack soak").
+SOAK_SCHEDULES ?= 2000
+soak: $(STAMP)
+	SOAK_SCHEDULES=$(SOAK_SCHEDULES) $(VENV_PY) -m pytest tests/test_daemon_acks.py -k soak -s
 
 demo: $(STAMP)
 	PYTHONPATH=tests $(VENV_PY) -m lich_dev.demo

@@ -119,7 +119,9 @@ class LichClient:
         raise AckFailed(f"lich refused it: {status} {said}", refused=400 <= status < 500)
 
     def abandon(self) -> None:
-        """Cut any request in flight from another thread (a parked poll at shutdown)."""
+        """Cut any request in flight from another thread (a parked poll at
+        shutdown): lich sees the client gone and hands a held poll nothing,
+        and an answer it wrote in that instant is still read whole."""
         self._adapter.abandon()
 
     def close(self) -> None:
@@ -254,8 +256,10 @@ class LoopbackAdapter(HTTPAdapter):
             self._abandoned = True
             sockets, self._sockets = self._sockets, []
         for sock in sockets:
+            # Our half only: lich hands each command out once, and a cut of
+            # both halves would throw away an answer already on its way.
             with contextlib.suppress(OSError):  # closed meanwhile
-                sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_WR)
 
 
 class _Connection(HTTPConnection):

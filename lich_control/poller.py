@@ -3,7 +3,8 @@
 It never waits on a command: the ordered ones go to the worker (`submit`)
 and asks to their pool (`submit_ask`), then the poll goes out again. Its
 backoff, its lich client and its stop flag are its own; `stop` may be called
-from any thread and cuts a parked poll, whose commands would reach nobody.
+from any thread and cuts a parked poll: lich then hands it nothing, and an
+answer already on its way is still read and handed on, to be acked.
 
 An answer is read whole (`read_answer`): one that is not a sound JSON array
 is one failed poll, as any other failure to get an answer is, and the next
@@ -26,12 +27,6 @@ from .lich import LichClient, LichGone, PollFailed
 from .activity import Activity
 
 log = logging.getLogger("lich_control.poller")
-
-# lich hands a poll every command queued for the session, with no cap of
-# its own: a script may queue thousands at once (the benchmark's burst is
-# 2,000). Ten thousand is past any such use, and each one costs an ack.
-MAX_ITEMS = 10_000
-
 
 @attrs.frozen
 class Backoff:
@@ -139,14 +134,16 @@ class Poller:
         return self.backoff.delay
 
     def _submit_all(self, items: List[object]) -> bool:
-        """Hand each command on, in lich's order, until a stop: the daemon is
-        stopping, and what it hands on now nobody applies. True if any went
-        to the worker. What is skipped is said in one line, never one per item."""
+        """Hand every command on, in lich's order, a stop notwithstanding:
+        lich handed each out once, and a queue that has stopped acks what
+        it meets as never applied, so each gets its ack. True if any went
+        to the worker. lich caps no answer (a script may queue thousands at
+        once); json_reader's bound on values does: at most 33,333 items with
+        an id (each costs its braces and a comma). What is skipped is said
+        in one line, never one per item."""
         submitted = False
         unusable = 0
-        for item in items[:MAX_ITEMS]:
-            if self._stop.is_set():
-                return submitted
+        for item in items:
             command = Command.from_json(item)
             if command is None:
                 unusable += 1
@@ -157,11 +154,8 @@ class Poller:
             else:
                 self._submit(command)  # a bad ask too: its refusal is acked in order
                 submitted = True
-        skipped = [f"{unusable:,} not an object with an id"] if unusable else []
-        if len(items) > MAX_ITEMS:
-            skipped.append(f"{len(items) - MAX_ITEMS:,} past the first {MAX_ITEMS:,} (dropped unread)")
-        if skipped:
-            what = "; ".join(skipped)
+        if unusable:
+            what = f"{unusable:,} not an object with an id"
             log.warning("skipped items of lich's answer: %s", what)
             self._activity.error(f"skipped items of lich's answer: {what}")
         return submitted

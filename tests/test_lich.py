@@ -253,6 +253,38 @@ def test_abandon_cuts_a_parked_poll_from_another_thread_and_any_poll_after_it(se
     client.close()
 
 
+def test_an_answer_lich_writes_as_the_poll_is_abandoned_is_read_whole(background):
+    # lich hands each command out once: an answer it wrote as the daemon
+    # cut its poll at shutdown must be read and handed on, not thrown away.
+    # This lich answers only once it sees the client's cut, as a lich whose
+    # commands came in that same instant does.
+    listener = socket.create_server(("127.0.0.1", 0))
+    body = json.dumps([{"id": "m1", "kind": "abort"}]).encode()
+    polled = threading.Event()
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)  # the poll
+            polled.set()
+            while conn.recv(65536):
+                pass  # until the client's cut
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    served = background.submit(serve)
+    client = client_for(listener.getsockname()[1])
+    poll = background.submit(client.poll)
+    try:
+        assert polled.wait(5)
+        client.abandon()
+        assert poll.result(5) == body
+        served.result(5)
+    finally:
+        client.close()
+        listener.close()
+
+
+
 def test_a_chunked_answer_is_read_whole_and_past_16_mib_refused_as_it_streams(raw):
     items = json.dumps([{"id": f"m{n}", "kind": "prompt", "text": "x" * 100} for n in range(50)]).encode() + b"\n"
     pieces = [items[n : n + 2048] for n in range(0, len(items), 2048)]

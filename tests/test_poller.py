@@ -13,12 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import SCAN_TOKEN
-from fakes import ScriptedClient
+from fakes import FakeEngine, ScriptedClient
+from lich_control.acks import Acks
 from lich_control.json_reader import MAX_VALUES
 from lich_control.config import Config
 from lich_control.bridge import Turns
 from lich_control.lich import LichClient
-from lich_control.poller import MAX_ITEMS, Backoff, Poller
+from lich_control.poller import Backoff, Poller
+from lich_control.worker import Asks, Worker
 from lich_control.activity import Activity
 
 URL = "http://127.0.0.1:4312/mod/commands"
@@ -160,13 +162,15 @@ def test_an_id_lich_sends_again_in_a_later_poll_is_applied_again(mocked):
     assert [c.id for c in rig.ordered] == ["m1", "m1"]
 
 
-def test_an_answer_over_the_item_cap_hands_on_the_first_items_and_says_so_once(mocked, caplog):
+def test_every_command_with_an_id_is_handed_on_however_many_the_value_bound_lets_in(mocked, caplog):
+    # Each costs its braces and a comma (json_reader's count): 24,000 such
+    # aborts are just within MAX_VALUES, and past the 10,000 this poller
+    # once dropped unread, unacked.
     rig = Rig()
-    answer(mocked, [abort(f"m{n}") for n in range(MAX_ITEMS + 500)])
+    answer(mocked, [abort(f"m{n}") for n in range(24_000)])
     assert rig.poller.poll_once() == 0
-    assert [c.id for c in rig.ordered] == [f"m{n}" for n in range(MAX_ITEMS)]
-    assert warnings_of(caplog) == [f"skipped items of lich's answer: 500 past the first {MAX_ITEMS:,} (dropped unread)"]
-    assert rig.poll["failures"] == 0
+    assert [c.id for c in rig.ordered] == [f"m{n}" for n in range(24_000)]
+    assert warnings_of(caplog) == [] and rig.poll["failures"] == 0
 
 
 items = st.one_of(
@@ -210,20 +214,42 @@ def test_stop_cuts_a_parked_poll_and_ends_the_thread():
     assert client.abandoned.is_set()
 
 
-def test_commands_from_a_poll_that_returns_during_stop_are_not_applied(mocked):
+def test_commands_from_a_poll_that_returns_during_stop_are_still_handed_on(mocked):
+    # lich handed them out once: the stopped worker acks each as never applied.
     rig = Rig()
     answer(mocked, [abort("m1")])
     rig.poller._stop.set()  # the stop arrived while the poll was out
     assert rig.poller.poll_once() is None
-    assert rig.ordered == []
+    assert [c.id for c in rig.ordered] == ["m1"]
 
 
-def test_a_stop_between_two_items_hands_on_nothing_more(mocked):
-    rig = Rig()
-    rig.poller._submit = lambda command: (rig.ordered.append(command), rig.poller._stop.set())
-    answer(mocked, [abort(f"m{n}") for n in range(100)])
-    assert rig.poller.poll_once() is None
-    assert [c.id for c in rig.ordered] == ["m0"]
+def test_a_stop_while_an_answer_is_handed_on_leaves_every_command_acked_once(mocked):
+    # The daemon's shutdown, in its order, begun after the first command of
+    # 2,000 was handed on: the poller ends, the worker and the asks stop
+    # taking work, the session's calls fail, and each thread finishes.
+    client, engine = ScriptedClient(), FakeEngine()
+    activity = Activity("s1", "fake", Turns())
+    acks = Acks(lambda: client, activity)
+    worker = Worker(engine, Turns(), acks, activity, "s1")
+    asks = Asks(engine, acks, activity, "s1")
+    poller = Poller(LichClient(Config(port=4312, token=SCAN_TOKEN, session_id="s1", run_dir="/tmp/x")), None, asks.submit, activity)
+
+    def submit_then_stop(command):
+        worker.submit(command)
+        poller._stop.set()  # a SIGTERM, as the first command goes on
+
+    poller._submit = submit_then_stop
+    sent = [{"id": f"m{n}", "kind": "ask", "question": "q"} if n % 10 == 9 else {"id": f"m{n}", "kind": "prompt", "text": "x"} for n in range(2000)]
+    answer(mocked, sent)
+    assert poller.poll_once() is None
+    worker.stop(0, "got SIGTERM")
+    asks.stop(0, "got SIGTERM")
+    engine.close("the daemon stopped before the session answered (got SIGTERM)")
+    assert worker.stop(10) and asks.stop(10)
+    client.wait_acks(2000, timeout=10)
+    assert acks.stop(10)
+    assert collections.Counter(a.id for a in client.acks) == collections.Counter(c["id"] for c in sent)
+    assert all(not a.ok and "got SIGTERM" in a.error for a in client.acks)
 
 
 def test_a_poll_whose_handling_fails_is_a_failed_poll_and_polling_goes_on():

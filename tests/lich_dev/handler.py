@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from urllib.parse import parse_qs, urlsplit
 
 from .faults import AckAnswer, Answer
-from .record import AckRecord, PollRecord
+from .record import AckRecord, AnswerRecord, PollRecord
 from .rules import MAX_ACK_BYTES, parse_json, validate_ack
 
 log = logging.getLogger("lich_dev.lich")
@@ -227,6 +227,8 @@ def mod_commands(req: Handler, query: Dict[str, list]) -> None:
         req.close_connection = True
         return
     _give(req, answer)
+    if answer.status == 200 and answer.raw is None and not answer.drop and not answer.trickles:
+        lich.record.add(AnswerRecord(time.monotonic(), session_id, answer.body))
 
 
 def _give(req: Handler, answer: Answer) -> None:

@@ -2,6 +2,7 @@
 
     lich.record.wait_polls(2)                 # [PollRecord, ...] once two polls arrived
     lich.record.ack_for("m12")["error"]       # the body of the first ack for m12
+    lich.record.answers                       # [AnswerRecord, ...]: each poll answer written whole
     lich.record.wait_for(lambda: len(lich.record.acks) == 1, what="the first ack")
 
 A record is made when a request passed the token check, before it is
@@ -45,6 +46,16 @@ class PollRecord:
 
 
 @attrs.frozen
+class AnswerRecord:
+    """A 200 poll answer of JSON items, once written whole to its
+    connection: what lich handed out, for a mod to ack."""
+
+    at: float
+    session_id: str
+    body: Any
+
+
+@attrs.frozen
 class AckRecord:
     at: float
     body: Any  # the JSON it carried, or None when it did not parse
@@ -66,12 +77,14 @@ class Record:
         self._cond = cond
         self._polls: List[PollRecord] = []
         self._acks: List[AckRecord] = []
+        self._answers: List[AnswerRecord] = []
 
     # -- the lich's side ----------------------------------------------------
 
     def add(self, record: Any) -> None:
         with self._cond:
-            (self._polls if isinstance(record, PollRecord) else self._acks).append(record)
+            lists = {PollRecord: self._polls, AckRecord: self._acks, AnswerRecord: self._answers}
+            lists[type(record)].append(record)
             self._cond.notify_all()
 
     # -- the test's side ----------------------------------------------------
@@ -80,6 +93,11 @@ class Record:
     def polls(self) -> List[PollRecord]:
         with self._cond:
             return list(self._polls)
+
+    @property
+    def answers(self) -> List[AnswerRecord]:
+        with self._cond:
+            return list(self._answers)
 
     @property
     def acks(self) -> List[AckRecord]:
@@ -95,6 +113,7 @@ class Record:
         with self._cond:
             self._polls.clear()
             self._acks.clear()
+            self._answers.clear()
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "the condition") -> None:
         """Return once `predicate()` holds; raise NotSeen at the deadline.
