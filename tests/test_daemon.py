@@ -38,7 +38,7 @@ POSIX_FDS = pytest.mark.skipif(WINDOWS, reason="the test hands descriptors to a 
 POSIX_DEATH = pytest.mark.skipif(WINDOWS, reason="Linux's parent-death signal and SIGALRM: Windows has neither (its Lifeline and exit timer are threads)")
 
 
-DAEMON = [sys.executable, "-m", "lich_control.daemon"]
+DAEMON = [sys.executable, "-m", "lich_control"]
 
 
 def lines(stderr):
@@ -252,7 +252,7 @@ PARENT_THREAD = """
 import subprocess, sys, threading
 box, go = {}, threading.Event()
 def spawn():
-    box["child"] = subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], stdin=subprocess.DEVNULL, stdout=int(sys.argv[1]), pass_fds=[int(sys.argv[1])])
+    box["child"] = subprocess.Popen([sys.executable, "-m", "lich_control"], stdin=subprocess.DEVNULL, stdout=int(sys.argv[1]), pass_fds=[int(sys.argv[1])])
     print(box["child"].pid, flush=True)
     go.wait()
 thread = threading.Thread(target=spawn)
@@ -330,7 +330,7 @@ PARENT_GONE_AT_ONCE = """
 import os, subprocess, sys
 env = dict(os.environ, LICH_CONTROL_PARENT_PID=str(os.getpid()))
 out = int(sys.argv[1])
-subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, pass_fds=[out])
+subprocess.Popen([sys.executable, "-m", "lich_control"], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out, pass_fds=[out])
 """
 
 
@@ -452,20 +452,3 @@ def test_sigterm_ends_a_daemon_whose_stdout_nobody_reads(daemon_env, lich):
         assert proc.wait(EXIT_WITHIN) == 0
     os.close(read_fd)
     os.close(write_fd)
-
-
-HELD = """
-import signal, threading
-from lich_control.daemon import arm_exit_deadline
-signal.signal(signal.SIGALRM, signal.SIG_IGN)  # as a careless parent might pass it down
-arm_exit_deadline(0.2)
-lock = threading.Lock()
-lock.acquire()
-lock.acquire()  # held for ever: only the kernel ends this
-"""
-
-
-@POSIX_DEATH
-def test_the_exit_deadline_ends_a_process_whatever_holds_it():
-    proc = subprocess.run([sys.executable, "-c", HELD], cwd=ROOT, env=procs.daemon_env(), timeout=WAIT)
-    assert proc.returncode == -signal.SIGALRM
