@@ -264,10 +264,11 @@ def arm_exit_deadline(seconds: float) -> None:
 # -- a pipe that never waits --------------------------------------------------------
 
 
-def nonblocking_pipe(fd: int, wait: bool = False) -> bool:
+def nonblocking(fd: int, wait: bool = False) -> bool:
     """Put the pipe behind `fd` in PIPE_NOWAIT mode (PIPE_WAIT if `wait`): a
-    write then takes what fits and returns. False (left as it is) when `fd`
-    is not a pipe."""
+    write then takes what fits and returns. The mode belongs to that pipe
+    alone (a spawn gives stdout and stderr a pipe each). False (left as it
+    is) when `fd` is not a pipe."""
     import msvcrt
     from ctypes import wintypes
 
@@ -280,12 +281,6 @@ def nonblocking_pipe(fd: int, wait: bool = False) -> bool:
         return False
     mode = wintypes.DWORD(0 if wait else PIPE_NOWAIT)
     return bool(kernel32.SetNamedPipeHandleState(handle, ctypes.byref(mode), None, None))
-
-
-def nonblocking(fd: int) -> None:
-    """A pipe is put in PIPE_NOWAIT mode, which belongs to that pipe alone (a
-    spawn gives stdout and stderr a pipe each); anything else is left as it is."""
-    nonblocking_pipe(fd)
 
 
 # A file's lock: msvcrt's lock of its first byte (LockFile; past the end is

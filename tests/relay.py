@@ -188,13 +188,13 @@ def full_pipe():
     if os.name == "nt":
         from lich_control import windows
 
-        windows.nonblocking_pipe(write_fd)
+        windows.nonblocking(write_fd)
         try:
             while os.write(write_fd, b"x" * 4096) == 4096:
                 pass
         except OSError:
             pass
-        windows.nonblocking_pipe(write_fd, wait=True)
+        windows.nonblocking(write_fd, wait=True)
         return read_fd, write_fd
     os.set_blocking(write_fd, False)
     try:
