@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import ipaddress
-import logging
 import os
 import select
 import signal
@@ -21,8 +19,6 @@ import stat
 import struct
 import threading
 from typing import Callable, Mapping, Optional, Tuple
-
-log = logging.getLogger("lich_control.daemon")
 
 # The bridge is a Unix socket, 0600, in the run folder: the file's mode is the guard.
 BRIDGE = "unix"
@@ -183,6 +179,8 @@ def _row_address(address: Tuple[str, int], v6: bool) -> str:
     """An IPv4 `address` (the client connects to 127.0.0.1) as the kernel
     prints it in tcp, or in tcp6 as ::ffff:a.b.c.d: the address as 32-bit
     words in the machine's byte order, each in hex, then the port in hex."""
+    import ipaddress
+
     host, port = address
     packed = ipaddress.IPv6Address(f"::ffff:{host}").packed if v6 else ipaddress.IPv4Address(host).packed
     words = struct.unpack(f"={len(packed) // 4}I", packed)
@@ -244,8 +242,10 @@ def arm_exit_deadline(seconds: float) -> None:
 def parent_death_signal() -> bool:
     """Ask the kernel to send PARENT_DEATH_SIGNAL when our parent dies
     (Linux only), and say in the log where it cannot: the parent is then
-    checked once a second."""
+    checked once a second. (ctypes and logging are imported here, not by
+    the plugin's setup, which loads this file for the lock alone.)"""
     import ctypes
+    import logging
 
     try:
         # The interpreter's own symbols include libc's: no library search.
@@ -255,7 +255,7 @@ def parent_death_signal() -> bool:
         why = os.strerror(ctypes.get_errno())
     except (OSError, AttributeError):
         why = "no prctl on this system"
-    log.info("no parent-death signal here (%s): the daemon checks its parent once a second", why)
+    logging.getLogger("lich_control.daemon").info("no parent-death signal here (%s): the daemon checks its parent once a second", why)
     return False
 
 
