@@ -42,8 +42,6 @@ STOP_GRACE = 1.0
 # lock, C code keeping the interpreter) is ended this many seconds later,
 # inside the 2 s the relay is promised. Whatever is not written by then is dropped.
 EXIT_DEADLINE = 1.8
-# Those this system has (Windows: SIGBREAK is Ctrl-Break, and no SIGHUP).
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGBREAK") if hasattr(signal, name))
 REFUSED = 2  # the relay does not restart a daemon that exits with it (bridge.md)
 # Another daemon still holds the session's lock: the relay starts this one
 # again after a pause, for as long as that lasts (EX_TEMPFAIL).
@@ -135,7 +133,7 @@ def main(argv=None, simulated=None, started_by: Optional[int] = None) -> int:
     """`simulated`, given by a tool: a factory `(turns) -> engine` that
     stands in for the relay (no hello, nothing on stdout). `started_by`: the
     parent's pid as __main__ read it before the imports; asked now if not given."""
-    native.unblock(STOP_SIGNALS)
+    native.unblock()
     parser = argparse.ArgumentParser(prog="lich-mod-daemon", description="The lich mod-control client for one session.")
     # Only recorded, for the status document: the bridge is the same in both.
     parser.add_argument("--host", choices=("claude-code", "opencode"), default="claude-code", help="the program the relay runs in (default: claude-code)")
@@ -207,7 +205,7 @@ def catch_signals(daemon: Daemon) -> None:
     """Each of our signals only records why the daemon stops, and wakes the
     main thread (the parent's death signal too: native.Lifeline)."""
     signal.set_wakeup_fd(daemon.wake_fd, warn_on_full_buffer=False)
-    for sig in STOP_SIGNALS:
+    for sig in native.STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: daemon.request_stop(f"got {signal.Signals(signum).name}"))
 
 

@@ -34,6 +34,7 @@ TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 # Its own signal, not SIGTERM, so the handler can tell a parent's death from
 # the exit of the parent's thread that spawned us (which sends it as well).
 PARENT_DEATH_SIGNAL = signal.SIGUSR2
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1
 PARENT_CHECK_SECONDS = 1.0
 IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x40, 0x80, 0x100, 0x200, 0x400, 0x800  # <sys/inotify.h>
@@ -221,10 +222,10 @@ def _same_file(fd: int, other: int) -> bool:
 # -- signals and the exit -----------------------------------------------------
 
 
-def unblock(signals) -> None:
+def unblock() -> None:
     """A parent may pass signals down blocked; blocked, none of ours would
     ever end the daemon. Before any thread, which inherits the mask."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {*signals, signal.SIGALRM, PARENT_DEATH_SIGNAL})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {*STOP_SIGNALS, signal.SIGALRM, PARENT_DEATH_SIGNAL})
 
 
 def arm_exit_deadline(seconds: float) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import socket
 import stat
 import struct
@@ -29,6 +30,8 @@ ADDRESS = "address"
 USER_KIND = "SID"
 PRIVATE = 0o600
 PARENT_CHECK_SECONDS = 1.0
+# SIGBREAK is Ctrl-Break; there is no SIGHUP. Looked up by name: this file imports on every system.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGBREAK") if hasattr(signal, name))
 # The exit code of a daemon the exit timer ended (POSIX: killed by SIGALRM).
 EXIT_DEADLINE_CODE = 3
 
@@ -248,7 +251,7 @@ class Lifeline:
                 return self._on_lost("its address file was removed (the run folder deleted under it?); starting again on a new one")
 
 
-def unblock(signals) -> None:
+def unblock() -> None:
     """No signal masks on Windows."""
 
 
