@@ -378,7 +378,7 @@ function host($, python, env) {
   // Claude Code gone before the daemon's interpreter started is noticed. A
   // mod has no `process`: CLAUDE_PID names the engine, which spawns the child.
   const daemonEnv = env?.CLAUDE_PID ? { ...env, LICH_CONTROL_PARENT_PID: env.CLAUDE_PID } : env
-  const request = { argv: [python, '-m', 'lich_control.daemon'], cwd: $.plugin.root, ...(daemonEnv && { env: daemonEnv }) }
+  const request = { argv: [python, '-m', 'lich_control'], cwd: $.plugin.root, ...(daemonEnv && { env: daemonEnv }) }
   return {
     run: (onLine, signal) => run($, request, onLine, signal),
     invoke: (method, args) => invoke($, method, args),

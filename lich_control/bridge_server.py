@@ -31,8 +31,8 @@ import attrs
 
 from .bridge import BadMessage
 from .json_reader import TooMany, loads
-from .config import WINDOWS
 from .run_folder import check_socket, open_file
+from .system import native
 
 log = logging.getLogger("lich_control.socket")
 
@@ -165,11 +165,11 @@ class LoopbackListener:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
-    def accepted(self, sock: socket.socket) -> "_BoundedSocket":
+    def accepted(self, sock: socket.socket) -> "BoundedSocket":
         """`sock` as its handler reads it: its first request's head by the
         deadline and within the budget, both lifted once it shows the secret
         (`_Handler._answer`)."""
-        sock = _BoundedSocket.taking_over(sock)
+        sock = BoundedSocket.taking_over(sock)
         sock.deadline = time.monotonic() + self.head_seconds
         sock.budget = self.head_bytes
         return sock
@@ -189,8 +189,8 @@ class LoopbackListener:
 
 
 def listener_at(path: str):
-    """The platform's bridge listener for a daemon whose address is `path`."""
-    return LoopbackListener(path) if WINDOWS else UnixListener(path)
+    """The platform's bridge listener (native.BRIDGE) for a daemon whose address is `path`."""
+    return {"unix": UnixListener, "loopback": LoopbackListener}[native.BRIDGE](path)
 
 
 class BridgeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
@@ -417,7 +417,7 @@ class DaemonConnection(http.client.HTTPConnection):
 
     def connect(self) -> None:
         unix = self.address.socket is not None
-        sock = _BoundedSocket(socket.AF_UNIX if unix else socket.AF_INET, socket.SOCK_STREAM)
+        sock = BoundedSocket(socket.AF_UNIX if unix else socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)
             sock.connect(self.address.socket if unix else (self.host, self.port))
@@ -443,21 +443,29 @@ class DaemonConnection(http.client.HTTPConnection):
         return response.status, response.read()
 
 
-class _BoundedSocket(socket.socket):
-    """A socket whose every read ends by `deadline` (time.monotonic), and
-    whose reads take at most `budget` bytes in all (None: not bounded). A
-    read waits no longer than the timeout last set, or than what is left
-    until the deadline if that is shorter; one past the budget raises
-    ConnectionAbortedError, so the reader never holds more."""
+class BoundedSocket(socket.socket):
+    """A socket whose every read and write ends by `deadline`
+    (time.monotonic), and whose reads take at most `budget` bytes in all
+    (None: not bounded). A call waits no longer than the timeout last set,
+    or than what is left until the deadline if that is shorter, and raises
+    socket.timeout once nothing is left; a read past the budget raises
+    ConnectionAbortedError, so the reader never holds more. http.client
+    reads through `recv_into` (a file made on the socket calls it too) and
+    writes through `sendall`. The one deadline socket: the bridge's
+    connections, a client's of a daemon, and the lich client's
+    (lich.LoopbackAdapter)."""
 
     deadline: Optional[float] = None
     budget: Optional[int] = None
-    _timeout: Optional[float] = None  # the timeout last set, for one read
+    _timeout: Optional[float] = None  # the timeout last set, for one call
 
     @classmethod
-    def taking_over(cls, sock: socket.socket) -> "_BoundedSocket":
-        """`sock`, an accepted connection, as one of these."""
-        return cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    def taking_over(cls, sock: socket.socket) -> "BoundedSocket":
+        """`sock`, connected, as one of these, with the timeout it had."""
+        timeout = sock.gettimeout()
+        new = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        new.settimeout(timeout)
+        return new
 
     def settimeout(self, value: Optional[float]) -> None:
         self._timeout = value
@@ -469,11 +477,7 @@ class _BoundedSocket(socket.socket):
         super().settimeout(self._timeout)
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise socket.timeout("the deadline passed")
-            super().settimeout(left if self._timeout is None or left < self._timeout else self._timeout)
+        self._cap()
         if self.budget is None:
             return super().recv_into(buffer, nbytes, flags)
         if self.budget == 0:
@@ -481,3 +485,14 @@ class _BoundedSocket(socket.socket):
         got = super().recv_into(buffer, min(nbytes or len(buffer), self.budget), flags)
         self.budget -= got
         return got
+
+    def sendall(self, *args: Any) -> None:
+        self._cap()
+        super().sendall(*args)
+
+    def _cap(self) -> None:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("the deadline passed")
+            super().settimeout(left if self._timeout is None or left < self._timeout else self._timeout)

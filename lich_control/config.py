@@ -12,13 +12,12 @@ from typing import Mapping, Optional
 
 import attrs
 
+from .system import native
+
 VARIABLES = ("LICH_PORT", "LICH_TOKEN", "LICH_SESSION_ID")
-# The one test for Windows' own paths (docs/architecture.md, "Windows"):
-# the bridge on loopback TCP, the run folder, the lock, the parent watch.
-WINDOWS = os.name == "nt"
-# On Windows the daemon's address is a file naming its port and secret
-# (bridge_server.LoopbackListener); elsewhere, the socket itself.
-ADDRESS = "address" if WINDOWS else "sock"
+# The suffix of the daemon's address in the run folder: the socket itself,
+# or where there are none (Windows) a file naming its port and secret.
+ADDRESS = native.ADDRESS
 # sockaddr_un.sun_path is 108 bytes on Linux, 104 on macOS; keep under both.
 MAX_SOCKET_PATH = 100
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -64,7 +63,7 @@ class Config:
                 raise BadConfig(problem) from None
         config = cls(port=parse_port(env["LICH_PORT"]), token=env["LICH_TOKEN"], session_id=env["LICH_SESSION_ID"], run_dir=folder)
         socket_path = config.path(ADDRESS)
-        if not WINDOWS and len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
+        if native.address_too_long(socket_path):
             raise BadConfig(f"the socket path {socket_path} is too long for a Unix socket; set LICH_CONTROL_RUN_DIR to a shorter folder")
         return config
 
@@ -86,25 +85,7 @@ def run_dir(env: Mapping[str, str]) -> str:
     relay, in a folder of its own, could not reach a relative one."""
     if env.get("LICH_CONTROL_RUN_DIR"):
         return os.path.abspath(env["LICH_CONTROL_RUN_DIR"])
-    # A relative XDG_RUNTIME_DIR is invalid, and to be ignored (the XDG Base
-    # Directory spec); one that is gone (systemd-logind removes it at the
-    # user's last logout, and only root can make it again) is passed over.
-    if WINDOWS:
-        # Per user already (the profile's ACL keeps it theirs); not %TEMP%,
-        # which Storage Sense and Disk Cleanup empty.
-        local = env.get("LOCALAPPDATA") or os.path.join(os.path.expanduser("~"), "AppData", "Local")
-        return os.path.join(local, "lich-control", "run")
-    xdg = env.get("XDG_RUNTIME_DIR") or ""
-    if os.path.isabs(xdg) and os.path.isdir(xdg):
-        return os.path.join(xdg, "lich-control")
-    # Not the temporary folder: lich's macOS profile lets a session write
-    # none ($TMPDIR, /tmp), where tempfile falls back to the working
-    # directory, and the status tool outside would look somewhere else. The
-    # home's ~/.cache is per user, the same inside and outside, and one of
-    # the folders that profile lets a session write; short enough for the
-    # socket (docs/install.md, "In lich's macOS confined sessions").
-    home = env.get("HOME") or os.path.expanduser("~")
-    return os.path.join(home, ".cache", "lich-control", "run")
+    return native.run_dir(env)
 
 
 def session_path(folder: str, session_id: str, suffix: str) -> str:

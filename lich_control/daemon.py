@@ -1,82 +1,47 @@
 """The daemon: the gate, the threads wired together, and the way out.
 
-    python -m lich_control.daemon [--host claude-code|opencode]
+    python -m lich_control [--host claude-code|opencode]
 
-A tool that simulates a session runs the same daemon with its own engine:
-`main(simulated=factory)` (the checkout's `python -m lich_dev.sim`). The
-daemon imports no tool.
+`python -m lich_control` (__main__.py) does the start-up work that comes
+before these imports, then calls `main`. A tool that simulates a session
+runs the same daemon with its own engine: `main(simulated=factory)` (the
+checkout's `python -m lich_dev.sim`). The daemon imports no tool.
 
 The threads and what each owns: docs/architecture.md.
 """
-import gc
+import argparse
+import contextlib
+import logging
 import os
+import select
+import signal
+import socket
+import sys
+import time
+from typing import Callable, Optional
 
-# The imports below are most of the start (docs/performance.md), and what
-# they build lives as long as the process: run as the daemon, the collector
-# is off while they load, and their objects are then left out of every
-# collection (gc.freeze), not walked again at the first ones.
-AS_DAEMON = __name__ == "__main__"
-if AS_DAEMON:
-    gc.disable()
-
-# Read before the imports below, which take most of the start: a parent that
-# dies while they run leaves us a reaper's pid, and this one to compare with.
-# A spawner that names itself (LICH_CONTROL_PARENT_PID) closes the window
-# before it too. Never asked on Windows: the relay names itself there, and
-# under Wine os.getppid aborts the process (3.12 and later).
-STARTED_BY = None if os.name == "nt" else os.getppid()
-
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import ctypes  # noqa: E402
-import logging  # noqa: E402
-import select  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import stat  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from typing import Callable, Optional  # noqa: E402
-
-from . import __version__, run_folder  # noqa: E402
-from .acks import Acks  # noqa: E402
-from .activity import Activity  # noqa: E402
-from .bridge import Bridge, Turns  # noqa: E402
-from .config import ADDRESS, WINDOWS, BadConfig, Config, NotInLich, expected_parent, lock_wait  # noqa: E402
-from .lich import LichClient  # noqa: E402
-from .logs import Logs, Redactor, escape  # noqa: E402
-from .poller import Poller  # noqa: E402
-from .bridge_server import BridgeServer, Routes, listener_at  # noqa: E402
-from .worker import Asks, Worker  # noqa: E402
-
-if AS_DAEMON:
-    gc.freeze()
-    gc.enable()
+from . import __version__, run_folder
+from .acks import Acks
+from .activity import Activity
+from .bridge import Bridge, Turns
+from .config import ADDRESS, BadConfig, Config, NotInLich, expected_parent, lock_wait
+from .lich import LichClient
+from .logs import Logs, Redactor, escape
+from .poller import Poller
+from .bridge_server import BridgeServer, Routes, listener_at
+from .system import native
+from .worker import Asks, Worker
 
 log = logging.getLogger("lich_control.daemon")
 
 # How long an ack already on its way may take to finish at shutdown: short,
 # so a daemon whose session is gone exits well within 2 s.
 STOP_GRACE = 1.0
-# The last resort, armed as shutdown begins: whatever still holds the
-# process then (a write to a pipe nobody reads, a lock, C code keeping the
-# interpreter), the kernel ends it this many seconds later, inside the 2 s
-# the relay is promised. Whatever is not written by then is dropped.
+# The last resort, armed as shutdown begins (native.arm_exit_deadline):
+# whatever still holds the process then (a write to a pipe nobody reads, a
+# lock, C code keeping the interpreter) is ended this many seconds later,
+# inside the 2 s the relay is promised. Whatever is not written by then is dropped.
 EXIT_DEADLINE = 1.8
-# Its own signal, not SIGTERM, so the handler can tell a parent's death from
-# the exit of the parent's thread that spawned us (which sends it as well).
-# Windows has none: its Lifeline waits on the parent's process handle.
-PARENT_DEATH_SIGNAL = getattr(signal, "SIGUSR2", None)
-# Those this system has (Windows: SIGBREAK is Ctrl-Break, and no SIGHUP).
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGBREAK") if hasattr(signal, name))
-# A parent may pass these down blocked; blocked, none of them would ever end the daemon.
-OUR_SIGNALS = {*STOP_SIGNALS, getattr(signal, "SIGALRM", None), PARENT_DEATH_SIGNAL} - {None}
-PR_SET_PDEATHSIG = 1
-PARENT_CHECK_SECONDS = 1.0
-IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x40, 0x80, 0x100, 0x200, 0x400, 0x800  # <sys/inotify.h>
-# The exit code of a daemon the Windows deadline ended (POSIX: killed by SIGALRM).
-EXIT_DEADLINE_CODE = 3
 REFUSED = 2  # the relay does not restart a daemon that exits with it (bridge.md)
 # Another daemon still holds the session's lock: the relay starts this one
 # again after a pause, for as long as that lasts (EX_TEMPFAIL).
@@ -164,11 +129,11 @@ class Daemon:
         self.request_stop(reason)
 
 
-def main(argv=None, simulated=None) -> int:
+def main(argv=None, simulated=None, started_by: Optional[int] = None) -> int:
     """`simulated`, given by a tool: a factory `(turns) -> engine` that
-    stands in for the relay (no hello, nothing on stdout)."""
-    if hasattr(signal, "pthread_sigmask"):  # no signal masks on Windows
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, OUR_SIGNALS)  # before any thread, which inherits the mask
+    stands in for the relay (no hello, nothing on stdout). `started_by`: the
+    parent's pid as __main__ read it before the imports; asked now if not given."""
+    native.unblock()
     parser = argparse.ArgumentParser(prog="lich-mod-daemon", description="The lich mod-control client for one session.")
     # Only recorded, for the status document: the bridge is the same in both.
     parser.add_argument("--host", choices=("claude-code", "opencode"), default="claude-code", help="the program the relay runs in (default: claude-code)")
@@ -176,7 +141,7 @@ def main(argv=None, simulated=None) -> int:
     args = parser.parse_args(argv)
     try:
         config = Config.from_env(os.environ)
-        parent = expected_parent(os.environ, STARTED_BY)
+        parent = expected_parent(os.environ, native.started_by() if started_by is None else started_by)
     except NotInLich:
         return 0  # outside lich: never poll, say nothing
     except BadConfig as exc:
@@ -215,7 +180,7 @@ def run(config: Config, parent: Optional[int], host: Optional[str] = None, simul
             # Once the lock is ours (a daemon waiting for it still dies of
             # a SIGTERM at once), before the socket: from here a signal only
             # records a stop, and the way out below takes it.
-            catch_signals(daemon, parent)
+            catch_signals(daemon)
             server = held.enter_context(BridgeServer(listener, routes))
         except BadConfig as exc:
             return _refused(exc)
@@ -223,51 +188,25 @@ def run(config: Config, parent: Optional[int], host: Optional[str] = None, simul
             return _refused(exc, LOCK_HELD)
         held.callback(lambda: log.info("stopped: %s", daemon.stop_reason))
 
-        watch = lifeline(parent, daemon.request_stop, server, on_lost=daemon.crashed)
+        watch = native.Lifeline(parent, daemon.request_stop, os.path.dirname(socket_path), server.removed, on_lost=daemon.crashed)
         if not simulated:
             engine.hello(listener.address.hello())
         watch.start()
         daemon.start()
         daemon.wait()
-        arm_exit_deadline(EXIT_DEADLINE)
+        native.arm_exit_deadline(EXIT_DEADLINE)
         daemon.shutdown()
     # Threads still parked (a fork that will never answer, a lock waiter)
     # must not hold the exit: everything worth finishing has finished.
     os._exit(daemon.exit_code)
 
 
-def catch_signals(daemon: Daemon, parent: int) -> None:
-    """Each of our signals only records why the daemon stops, and wakes the main thread."""
+def catch_signals(daemon: Daemon) -> None:
+    """Each of our signals only records why the daemon stops, and wakes the
+    main thread (the parent's death signal too: native.Lifeline)."""
     signal.set_wakeup_fd(daemon.wake_fd, warn_on_full_buffer=False)
-    for sig in STOP_SIGNALS:
+    for sig in native.STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: daemon.request_stop(f"got {signal.Signals(signum).name}"))
-    if PARENT_DEATH_SIGNAL is None:
-        return
-
-    def parent_died(signum, frame) -> None:
-        # Linux sends this when the *thread* that started us exits, too: only
-        # a changed parent pid means the session is gone.
-        if os.getppid() != parent:
-            daemon.request_stop("the process that started the daemon is gone")
-
-    signal.signal(PARENT_DEATH_SIGNAL, parent_died)
-
-
-def arm_exit_deadline(seconds: float) -> None:
-    """End the process `seconds` from now, whatever its threads are doing.
-
-    SIGALRM at its default action is carried out by the kernel: no Python
-    code, no lock, no interpreter needed. Set to the default here, since a
-    parent may have passed it down ignored. Windows has no SIGALRM: there a
-    timer thread calls os._exit, which needs the interpreter lock for a
-    moment; C code holding it past the deadline holds the exit too."""
-    if not hasattr(signal, "setitimer"):
-        timer = threading.Timer(seconds, os._exit, (EXIT_DEADLINE_CODE,))
-        timer.daemon = True
-        timer.start()
-        return
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 def _refused(exc: Exception, code: int = REFUSED) -> int:
@@ -281,145 +220,3 @@ def _refused(exc: Exception, code: int = REFUSED) -> int:
 
 def _no_relay(doc) -> None:
     log.info("a relay message reached a daemon on the simulated session; ignored")
-
-
-# -- the parent ---------------------------------------------------------------
-
-
-def lifeline(parent: Optional[int], on_gone: Callable[[str], None], server: BridgeServer, on_lost: Callable[[str], None]):
-    """The platform's watch on the parent and the daemon's address."""
-    if WINDOWS:
-        return WindowsLifeline(parent, on_gone, server, on_lost)
-    return Lifeline(parent, on_gone, set_parent_death_signal(PARENT_DEATH_SIGNAL), server, on_lost)
-
-
-class WindowsLifeline:
-    """Calls `on_gone` once when the parent (the pid the relay named) ends,
-    seen by waiting on its process handle, or `on_lost` once the address
-    file is removed, looked for once a second. Windows only: no
-    parent-death signal, no inotify, and a spawn's stdin is closed from the
-    start, so it tells nothing. Without a named parent only the file is watched."""
-
-    def __init__(self, parent_pid: Optional[int], on_gone: Callable[[str], None], server: BridgeServer, on_lost: Callable[[str], None]):
-        from . import windows
-
-        self._parent = windows.Process(parent_pid) if parent_pid is not None else None
-        self._on_gone, self._on_lost = on_gone, on_lost
-        self._server = server
-        self._thread = threading.Thread(target=self._run, name="lich-lifeline", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            if self._parent is not None and self._parent.ended(PARENT_CHECK_SECONDS):
-                return self._on_gone("the process that started the daemon is gone")
-            if self._parent is None:
-                time.sleep(PARENT_CHECK_SECONDS)  # the file alone: nothing to wait on
-            if self._server.removed():
-                return self._on_lost("its address file was removed (the run folder deleted under it?); starting again on a new one")
-
-
-def set_parent_death_signal(sig: int) -> bool:
-    """Ask the kernel to send `sig` when our parent dies (Linux only), and
-    say in the log where it cannot: the parent is then checked once a second."""
-    try:
-        # The interpreter's own symbols include libc's: no library search.
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0:
-            return True
-        why = os.strerror(ctypes.get_errno())
-    except (OSError, AttributeError):
-        why = "no prctl on this system"
-    log.info("no parent-death signal here (%s): the daemon checks its parent once a second", why)
-    return False
-
-
-class Lifeline:
-    """Calls `on_gone` once when the parent dies or closes our stdin or
-    stdout, or `on_lost` once the socket the hello named is removed or
-    another put in its place (the run folder deleted under the daemon:
-    systemd-logind removes $XDG_RUNTIME_DIR at the user's last logout).
-
-    Its thread blocks in poll() on the pipes and an inotify watch of the run
-    folder; the parent's death is Linux's parent-death signal's. Only where
-    either is missing does it also wake once a second, to look."""
-
-    def __init__(self, parent_pid: int, on_gone: Callable[[str], None], has_death_signal: bool, server: BridgeServer, on_lost: Callable[[str], None]):
-        self._parent_pid = parent_pid
-        self._on_gone, self._on_lost = on_gone, on_lost
-        self._server = server
-        self._watch = watch_folder(os.path.dirname(server.listener.path))
-        self._timeout_ms = None if has_death_signal and self._watch is not None else int(PARENT_CHECK_SECONDS * 1000)
-        self._thread = threading.Thread(target=self._run, name="lich-lifeline", daemon=True)
-
-    def start(self) -> None:
-        # After the death signal is asked for: a parent gone before then is
-        # seen here, one gone after it by the signal.
-        if os.getppid() != self._parent_pid:
-            self._on_gone("the process that started the daemon is gone")
-            return
-        self._thread.start()
-
-    def _run(self) -> None:
-        poller = select.poll()
-        # A stdin closed from the start (a spawn given no input) says
-        # nothing about the parent; only one closed later does.
-        if _is_pipe(0) and not _at_end(0):
-            poller.register(0, select.POLLIN)
-        if _is_pipe(1):
-            poller.register(1, 0)  # POLLHUP and POLLERR are always reported
-        if self._watch is not None:
-            poller.register(self._watch, select.POLLIN)
-        while True:
-            ready = poller.poll(self._timeout_ms)
-            if os.getppid() != self._parent_pid:
-                return self._on_gone("the process that started the daemon is gone")
-            for fd, event in ready:
-                if fd == self._watch:
-                    os.read(fd, 65536)  # a name in the folder changed: ours is looked for below
-                elif fd == 1:
-                    return self._on_gone("the parent closed its end of the daemon's stdout")
-                elif event != select.POLLIN or not os.read(0, 65536):  # the relay sends nothing on stdin: what comes is ignored
-                    return self._on_gone("the parent closed the daemon's stdin")
-            if self._server.removed():
-                return self._on_lost("its socket was removed (the run folder deleted under it?); starting again on a new one")
-
-
-def watch_folder(folder: str) -> Optional[int]:
-    """An inotify descriptor that turns readable when a name in `folder`
-    is removed, moved away, or created or moved in (over ours, it replaces
-    it), the folder itself removed or moved too, or its file system
-    unmounted (Linux); None where there is no inotify."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-    except (OSError, AttributeError):
-        return None
-    if fd < 0:
-        return None
-    if libc.inotify_add_watch(fd, os.fsencode(folder), IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF) < 0:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _at_end(fd: int) -> bool:
-    """True when fd is already at its end: hung up, or readable with nothing to read."""
-    probe = select.poll()
-    probe.register(fd, select.POLLIN)
-    ready = probe.poll(0)
-    return bool(ready) and (ready[0][1] != select.POLLIN or not os.read(fd, 65536))
-
-
-def _is_pipe(fd: int) -> bool:
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

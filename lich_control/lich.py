@@ -12,11 +12,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.client
-import ipaddress
 import logging
-import os
 import socket
-import struct
 import threading
 import time
 from typing import Any, List, Optional, Tuple, Union
@@ -30,7 +27,9 @@ from urllib3.connection import HTTPConnection
 from urllib3.connectionpool import HTTPConnectionPool
 
 from . import CONTRACT_RELEASE, __version__
-from .config import WINDOWS, Config
+from .bridge_server import BoundedSocket
+from .config import Config
+from .system import native
 
 log = logging.getLogger("lich_control.lich")
 
@@ -48,8 +47,6 @@ HEADERS = {
     # Loopback gains nothing from compression, and the limits are then on bytes read.
     "Accept-Encoding": "identity",
 }
-# Where Linux lists its TCP sockets with their owners.
-TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 
 
 @attrs.frozen
@@ -89,7 +86,7 @@ class LichClient:
         self._timeouts = timeouts
         token, sid = quote(config.token, safe=""), quote(config.session_id, safe="")
         base = config.lich_url
-        self._adapter = LoopbackAdapter(our_user() if uid is None else uid)
+        self._adapter = LoopbackAdapter(native.our_user() if uid is None else uid)
         # Prepared once: every poll is the same request, and every ack differs only in its body.
         self._poll = requests.Request("GET", f"{base}/mod/commands?token={token}&session_id={sid}", HEADERS).prepare()
         ack_headers = dict(HEADERS, **{"Content-Type": "application/json"})
@@ -129,7 +126,7 @@ class LichClient:
 
     def _exchange(self, request: requests.PreparedRequest, seconds: float, limit: int, failed: type) -> Tuple[int, str, bytes]:
         """(status, reason, body) of one request, or `failed` with a phrase, within
-        `seconds` (_DeadlineSocket). Sent once: one that failed may have reached
+        `seconds` (LoopbackAdapter.deadline). Sent once: one that failed may have reached
         lich, and a poll or an ack must not be taken twice."""
         self._adapter.deadline = time.monotonic() + seconds
         try:
@@ -223,15 +220,24 @@ def _read_capped(response: requests.Response, limit: int) -> Optional[bytes]:
 class LoopbackAdapter(HTTPAdapter):
     """One kept-alive connection, no retries (the default, kept), whose
     connections check the listener's owner before the token goes out, keep
-    each exchange to `deadline`, and can be cut by `abandon`.
+    each exchange to `deadline` (every read and write of its socket, a
+    bridge_server.BoundedSocket), and can be cut by `abandon`.
 
-    `deadline` (time.monotonic) is set and read by the one thread using the
-    client, None between exchanges; the socket list is shared with
-    `abandon`'s thread, under the lock."""
+    `deadline` (time.monotonic) is set by the one thread using the client,
+    None between exchanges; the socket list is shared with `abandon`'s
+    thread, under the lock.
+
+    Why a deadline on the socket: urllib3's read timeout bounds each read
+    alone, so a lich sending a byte every second (a status line, a header
+    line that never ends, `100 Continue` again and again, a body) would hold
+    an exchange open for ever. http.client reads all of those through
+    `recv_into`, and the request goes out through `sendall`: the socket
+    bounds both, raising socket.timeout once the deadline has passed, which
+    urllib3 and requests then report as a read timeout."""
 
     def __init__(self, uid: Union[int, str, None]):
         self.uid = uid
-        self.deadline: Optional[float] = None
+        self._deadline: Optional[float] = None
         self._lock = threading.Lock()
         self._sockets: List[socket.socket] = []
         self._abandoned = False
@@ -242,7 +248,19 @@ class LoopbackAdapter(HTTPAdapter):
         # The pool hands its extra keywords to each connection it makes.
         self.poolmanager.pool_classes_by_scheme = {"http": functools.partial(_Pool, adapter=self)}
 
-    def opened(self, sock: socket.socket) -> None:
+    @property
+    def deadline(self) -> Optional[float]:
+        return self._deadline
+
+    @deadline.setter
+    def deadline(self, at: Optional[float]) -> None:
+        self._deadline = at
+        with self._lock:
+            for sock in self._sockets:
+                sock.deadline = at
+
+    def opened(self, sock: BoundedSocket) -> None:
+        sock.deadline = self._deadline
         with self._lock:
             self._sockets = [s for s in self._sockets if s.fileno() != -1] + [sock]
             abandoned = self._abandoned
@@ -270,124 +288,13 @@ class _Connection(HTTPConnection):
     def connect(self) -> None:
         super().connect()
         # Before the request, and so the token, is written to it.
-        owner = listener_owner(self.sock)
+        owner = native.listener_owner(self.sock)
         if owner is not None and owner != self._adapter.uid:
             self.sock.close()
-            raise ForeignListener(f"the program listening on port {self.port} belongs to another user ({'SID' if WINDOWS else 'uid'} {owner}); the token is not sent")
-        self.sock = _DeadlineSocket.taking_over(self.sock, self._adapter)
+            raise ForeignListener(f"the program listening on port {self.port} belongs to another user ({native.USER_KIND} {owner}); the token is not sent")
+        self.sock = BoundedSocket.taking_over(self.sock)
         self._adapter.opened(self.sock)
 
 
 class _Pool(HTTPConnectionPool):
     ConnectionCls = _Connection
-
-
-class _DeadlineSocket(socket.socket):
-    """A connection's socket whose every read and write ends by the
-    exchange's deadline.
-
-    This is the subtlest code in the daemon, and no library does it:
-    urllib3's read timeout bounds each read alone, so a lich sending a byte
-    every second (a status line, a header line that never ends, `100
-    Continue` again and again, a body) would hold an exchange open for ever.
-    http.client reads the status line, the headers, interim answers and the
-    body through `recv_into` (and `readinto` of a file made on this socket,
-    which calls it), and the request goes out through `sendall`: before each,
-    the socket's timeout is lowered to what is left until the deadline, and
-    once nothing is left the call raises `socket.timeout` as a timed-out
-    read would, which urllib3 and requests then report as a read timeout.
-    The timeout urllib3 set is kept, and put back whenever it is the shorter.
-    """
-
-    _timeout: Optional[float] = None  # the timeout urllib3 set, for one read
-
-    @classmethod
-    def taking_over(cls, sock: socket.socket, adapter: LoopbackAdapter) -> "_DeadlineSocket":
-        timeout = sock.gettimeout()
-        new = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
-        new._adapter = adapter
-        new.settimeout(timeout)
-        return new
-
-    def settimeout(self, value: Optional[float]) -> None:
-        self._timeout = value
-        super().settimeout(value)
-
-    def recv_into(self, *args: Any) -> int:
-        self._cap()
-        return super().recv_into(*args)
-
-    def sendall(self, *args: Any) -> None:
-        self._cap()
-        super().sendall(*args)
-
-    def _cap(self) -> None:
-        at = self._adapter.deadline
-        if at is None:
-            return
-        left = at - time.monotonic()
-        if left <= 0:
-            raise socket.timeout("the exchange's deadline passed")
-        super().settimeout(left if self._timeout is None or left < self._timeout else self._timeout)
-
-
-def our_user() -> Union[int, str, None]:
-    """Who lich must run as: our uid, or on Windows our SID (None if Windows will not say)."""
-    if WINDOWS:
-        from . import windows
-
-        return windows.process_user()
-    return os.getuid()
-
-
-def listener_owner(sock: socket.socket) -> Union[int, str, None]:
-    """The user owning the far end of `sock` (`our_user`'s kind), or None
-    where it cannot be told. On Windows the TCP table's owning pid, then its
-    token's user (windows.listener_owner); Wine leaves every pid 0, so there
-    it is never told."""
-    if WINDOWS:
-        from . import windows
-
-        return windows.listener_owner(sock)
-    return listener_uid(sock)
-
-
-def listener_uid(sock: socket.socket) -> Optional[int]:
-    """The uid owning the far end of `sock`, a connected loopback TCP socket,
-    or None where it cannot be told (not Linux, /proc unreadable, no row):
-    the token then goes unchecked.
-
-    While lich is down, any local user can listen on its port. The kernel
-    gives the socket that accepted a connection the uid of its listening
-    socket, and lists it with our address as its remote end: that row names
-    the program on the other end, whichever listener (127.0.0.1, 0.0.0.0, a
-    dual-stack ::) took the connection."""
-    try:
-        ours, theirs = sock.getsockname(), sock.getpeername()
-    except OSError:
-        return None
-    # In either table: an IPv4 connection a dual-stack listener took is in tcp6.
-    wanted = {(_row_address(theirs, v6), _row_address(ours, v6)) for v6 in (False, True)}
-    for table in TCP_TABLES:
-        try:
-            with open(table, encoding="ascii", errors="replace") as rows:
-                next(rows, None)  # the column names
-                for row in rows:
-                    fields = row.split()
-                    # A row in TIME_WAIT (timer 03) has no owner left and shows
-                    # uid 0: an earlier connection's, not the one we made.
-                    if len(fields) > 7 and (fields[1], fields[2]) in wanted and not fields[5].startswith("03:") and fields[7].isdigit():
-                        return int(fields[7])
-        except OSError:
-            continue
-    return None
-
-
-def _row_address(address: Tuple[str, int], v6: bool) -> str:
-    """An IPv4 `address` (the client connects to 127.0.0.1) as the kernel
-    prints it in tcp, or in tcp6 as ::ffff:a.b.c.d: the address as 32-bit
-    words in the machine's byte order, each in hex, then the port in hex."""
-    host, port = address
-    packed = ipaddress.IPv6Address(f"::ffff:{host}").packed if v6 else ipaddress.IPv4Address(host).packed
-    words = struct.unpack(f"={len(packed) // 4}I", packed)
-    return "".join(f"{word:08X}" for word in words) + f":{port:04X}"

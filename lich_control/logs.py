@@ -16,14 +16,13 @@ import logging
 import logging.handlers
 import os
 import select
-import stat
 import sys
 import threading
 from typing import List, Optional, Tuple
 from urllib.parse import quote, unquote, unquote_plus
 
-from .config import WINDOWS
 from .run_folder import open_file
+from .system import native
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_BYTES = 1024 * 1024
@@ -129,7 +128,7 @@ class StderrLines(logging.Handler):
     The relay may stop reading the daemon's stderr, and a pipe nobody reads
     is full at 64 KiB: a blocking write would then hold the thread that logs
     (the worker, and every later command) and the exit. So the descriptor is
-    made non-blocking and each line goes out in one write of at most
+    made non-blocking (native.nonblocking) and each line goes out in one write of at most
     PIPE_BUF bytes, which a pipe takes whole or not at all. A line that finds
     no room is dropped and counted (`dropped`, in the status document); the
     log file has it anyway. Nothing here logs: a handler that logged its
@@ -140,7 +139,7 @@ class StderrLines(logging.Handler):
         super().__init__()
         self._fd = fd
         self.dropped = 0  # written under the handler's lock (logging holds it around emit)
-        nonblocking(fd)
+        native.nonblocking(fd)
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self.put(self.format(record)):
@@ -153,42 +152,6 @@ class StderrLines(logging.Handler):
             return os.write(self._fd, data) == len(data)
         except OSError:  # full (BlockingIOError), or nobody reads it any more
             return False
-
-
-def nonblocking(fd: int) -> None:
-    """Make writes to `fd` fail at once rather than wait, without making
-    anyone else's writes do so: O_NONBLOCK belongs to the open file
-    description, which a stdout given `2>&1`, a terminal, or a parent's own
-    stderr may share with it. On Linux fd is given a description of its own
-    (reopened through /proc); elsewhere it is flipped only if stdin and
-    stdout are other files, and left blocking otherwise. On Windows a pipe
-    is put in PIPE_NOWAIT mode, which belongs to that pipe alone (a spawn
-    gives stdout and stderr a pipe each); anything else is left as it is."""
-    if WINDOWS:
-        from . import windows
-
-        windows.nonblocking_pipe(fd)
-        return
-    mode = os.fstat(fd).st_mode
-    if stat.S_ISREG(mode):
-        return  # a file takes every write at once
-    try:
-        # O_NONBLOCK here too: opening a pipe nobody reads would wait for a reader.
-        own = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError:  # a socket (it cannot be reopened), no /proc, or no reader
-        if any(_same_file(fd, other) for other in (0, 1)):
-            return
-    else:
-        os.dup2(own, fd)
-        os.close(own)
-    os.set_blocking(fd, False)
-
-
-def _same_file(fd: int, other: int) -> bool:
-    try:
-        return os.path.samestat(os.fstat(fd), os.fstat(other))
-    except OSError:
-        return False
 
 
 def one_write(text: str) -> bytes:

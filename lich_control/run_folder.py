@@ -4,31 +4,21 @@
 only our own uid can put anything among our files. What is left to check is
 that a name holds what the daemon expects: a plain file of ours, never a
 link followed to somewhere else (`open_file`), and a socket before one is
-replaced (`check_socket`).
-
-On Windows the folder is in the user's profile, whose ACL keeps it theirs;
-`os.stat` gives no owner or mode there (st_uid 0, mode 0777 for all), so
-`check` and `open_file` skip those two checks, and the lock is msvcrt's.
+replaced (`check_socket`). The checks themselves are the platform's
+(`native.check_folder`, `native.open_private`): on Windows the profile's
+ACL keeps the folder the user's, and os.stat tells no owner or mode there.
 """
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat
 import time
 from typing import Iterator
 
-from .config import WINDOWS, BadConfig
+from .config import BadConfig
+from .system import native
 
-if WINDOWS:
-    from .windows import try_lock
-else:
-    from .posix import try_lock
-
-PRIVATE = 0o600
-# Never follow a link; never pass a descriptor to a child (Windows: none is inherited unless asked).
-NO_FOLLOW = 0 if WINDOWS else os.O_NOFOLLOW | os.O_CLOEXEC
 LOCK_RETRY_SECONDS = 0.05
 
 
@@ -53,57 +43,21 @@ def ensure(path: str) -> None:
 
 
 def check(path: str, created: bool = False) -> None:
-    """BadConfig unless the run folder is a real folder (not a link), ours,
-    and writable by no one else; one just `created` is made 0700. The status
-    tool reads no folder the daemon would refuse. On Windows only the first
-    two: the profile's ACL is the rest."""
-    if WINDOWS:
-        if os.path.islink(path):
-            raise BadConfig(f"the run folder {path} is a symbolic link; set LICH_CONTROL_RUN_DIR to a private folder")
-        if not os.path.isdir(path):
-            raise BadConfig(f"the run folder {path} is not a folder")
-        return
+    """BadConfig unless the run folder passes the platform's check; one just
+    `created` is made 0700. The status tool reads no folder the daemon would refuse."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if os.path.islink(path):
-            raise BadConfig(f"the run folder {path} is a symbolic link; set LICH_CONTROL_RUN_DIR to a private folder") from exc
-        if exc.errno == errno.ENOTDIR:
-            raise BadConfig(f"the run folder {path} is not a folder") from exc
-        raise BadConfig(f"cannot use the run folder {path}: {exc.strerror}") from exc
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.geteuid():
-            raise BadConfig(f"the run folder {path} belongs to another user; set LICH_CONTROL_RUN_DIR to a private folder")
-        if created:
-            os.fchmod(fd, 0o700)  # the umask may have taken more than group and others' bits, or fewer
-        elif info.st_mode & 0o022:
-            raise BadConfig(
-                f"the run folder {path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}); "
-                "set LICH_CONTROL_RUN_DIR to a private folder"
-            )
-    finally:
-        os.close(fd)
+        native.check_folder(path, created)
+    except native.Refused as exc:
+        raise BadConfig(f"the run folder {path} {exc}; set LICH_CONTROL_RUN_DIR to a private folder") from exc
 
 
 def open_file(path: str, flags: int) -> int:
-    """A descriptor on the plain file of ours at `path`, created 0600 if
-    `flags` say so, and made 0600 through the descriptor if an older daemon
-    left it otherwise (owner and mode: not on Windows, see above)."""
-    if WINDOWS and os.path.islink(path):
-        raise NotOurs(_refusal(path, "is a symbolic link"))
+    """A descriptor on the plain file of ours at `path` (native.open_private):
+    created 0600 if `flags` say so, never through a link."""
     try:
-        fd = os.open(path, flags | NO_FOLLOW, PRIVATE)
-    except OSError as exc:
-        problem = "is a symbolic link" if os.path.islink(path) else f"cannot be opened ({exc.strerror})"
-        raise NotOurs(_refusal(path, problem)) from exc
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or (not WINDOWS and info.st_uid != os.geteuid()):
-        os.close(fd)
-        raise NotOurs(_refusal(path, "is not a plain file of ours"))
-    if not WINDOWS and stat.S_IMODE(info.st_mode) != PRIVATE:
-        os.fchmod(fd, PRIVATE)
-    return fd
+        return native.open_private(path, flags)
+    except native.Refused as exc:
+        raise NotOurs(f"{path} {exc}, not a file the daemon made: it will not write through it; remove it") from exc
 
 
 def check_socket(path: str) -> None:
@@ -114,11 +68,7 @@ def check_socket(path: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(info.st_mode):
-        raise NotOurs(_refusal(path, "is not a socket"))
-
-
-def _refusal(path: str, problem: str) -> str:
-    return f"{path} {problem}, not a file the daemon made: it will not write through it; remove it"
+        raise NotOurs(f"{path} is not a socket, not a file the daemon made: it will not write through it; remove it")
 
 
 class LockHeld(Exception):
@@ -141,7 +91,7 @@ def session_lock(path: str, session_id: str, wait: float) -> Iterator[None]:
         deadline = time.monotonic() + wait
         while True:
             try:
-                if try_lock(fd):
+                if native.try_lock(fd):
                     break
             except OSError as exc:
                 raise BadConfig(f"cannot lock {path}: {exc.strerror}") from exc

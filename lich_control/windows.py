@@ -1,7 +1,11 @@
-"""What the daemon asks of Windows itself, through ctypes: whether a process
-still runs, who owns the other end of a loopback connection, a pipe that
-never makes a write wait, and a file's lock. Imported only on Windows, except
-the TCP table's parsing, which is plain bytes and tested everywhere.
+"""What the daemon and the plugin's setup ask of Windows itself, under the
+names posix.py gives them (system.py picks one of the two): the file lock,
+the run folder and its files, where the bridge listens, who owns lich's
+port (the TCP table), the watch on the parent and the address file, a pipe
+that never makes a write wait, and the exit timer. Every call into Windows
+goes through ctypes or msvcrt, imported inside the function that needs it,
+so that this file imports anywhere: its plain parts (the TCP table's
+parsing, the run folder's name) are tested on every system.
 
 The plugin's setup imports this file by its path, with whatever Python runs
 it, before the package is installed: it imports the standard library only,
@@ -11,9 +15,25 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import socket
+import stat
 import struct
-from typing import Iterator, Optional, Tuple
+import threading
+import time
+from typing import Callable, Iterator, Mapping, Optional, Tuple
+
+# No Unix sockets: the bridge listens on loopback TCP behind a per-daemon
+# secret, and its address is a file naming port and secret.
+BRIDGE = "loopback"
+ADDRESS = "address"
+USER_KIND = "SID"
+PRIVATE = 0o600
+PARENT_CHECK_SECONDS = 1.0
+# SIGBREAK is Ctrl-Break; there is no SIGHUP. Looked up by name: this file imports on every system.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGBREAK") if hasattr(signal, name))
+# The exit code of a daemon the exit timer ended (POSIX: killed by SIGALRM).
+EXIT_DEADLINE_CODE = 3
 
 AF_INET = 2
 TCP_TABLE_OWNER_PID_CONNECTIONS = 4
@@ -50,6 +70,54 @@ def _dlls():
     advapi32.ConvertSidToStringSidW.argtypes = [ctypes.c_void_p, ctypes.POINTER(wintypes.LPWSTR)]
     kernel32.LocalFree.argtypes = [ctypes.c_void_p]
     return kernel32, advapi32, iphlpapi
+
+
+class Refused(Exception):
+    """A file or folder of the daemon's is not what it must be; the text says what."""
+
+
+# -- the run folder -------------------------------------------------------------
+# In the user's profile, whose ACL keeps it theirs; `os.stat` gives no owner
+# or mode there (st_uid 0, mode 0777 for all), so neither is checked.
+
+
+def started_by() -> Optional[int]:
+    """Never asked: the relay names itself (LICH_CONTROL_PARENT_PID), and
+    under Wine os.getppid aborts the process (3.12 and later)."""
+    return None
+
+
+def run_dir(env: Mapping[str, str]) -> str:
+    """Per user already (the profile's ACL keeps it theirs); not %TEMP%,
+    which Storage Sense and Disk Cleanup empty."""
+    local = env.get("LOCALAPPDATA") or os.path.join(os.path.expanduser("~"), "AppData", "Local")
+    return os.path.join(local, "lich-control", "run")
+
+
+def address_too_long(path: str) -> bool:
+    return False  # a file, not a socket: no sun_path to fit in
+
+
+def check_folder(path: str, created: bool) -> None:
+    if os.path.islink(path):
+        raise Refused("is a symbolic link")
+    if not os.path.isdir(path):
+        raise Refused("is not a folder")
+
+
+def open_private(path: str, flags: int) -> int:
+    """A descriptor on the plain file at `path`, never through a link (no
+    descriptor is inherited unless asked)."""
+    if os.path.islink(path):
+        raise Refused("is a symbolic link")
+    try:
+        fd = os.open(path, flags, PRIVATE)
+    except OSError as exc:
+        raise Refused(f"cannot be opened ({exc.strerror})") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Refused("is not a plain file of ours")
+    return fd
 
 
 # -- a process's end ------------------------------------------------------------
@@ -118,6 +186,11 @@ def _tcp_table() -> bytes:
     raise OSError(error, "GetExtendedTcpTable failed")
 
 
+def our_user() -> Optional[str]:
+    """Who lich must run as: our SID (None if Windows will not say)."""
+    return process_user()
+
+
 def process_user(pid: Optional[int] = None) -> Optional[str]:
     """The string SID of the user `pid` runs as (ours for None), or None when Windows refuses to say."""
     from ctypes import wintypes
@@ -150,13 +223,55 @@ def process_user(pid: Optional[int] = None) -> Optional[str]:
             kernel32.CloseHandle(process)
 
 
+# -- the parent and the address file -----------------------------------------------
+
+
+class Lifeline:
+    """Calls `on_gone` once when the parent (the pid the relay named) ends,
+    seen by waiting on its process handle, or `on_lost` once `removed()`
+    says the address file is gone, looked for once a second. No
+    parent-death signal, no inotify, and a spawn's stdin is closed from the
+    start, so it tells nothing. Without a named parent only the file is watched."""
+
+    def __init__(self, parent_pid: Optional[int], on_gone: Callable[[str], None], folder: str, removed: Callable[[], bool], on_lost: Callable[[str], None]):
+        self._parent = Process(parent_pid) if parent_pid is not None else None
+        self._on_gone, self._removed, self._on_lost = on_gone, removed, on_lost
+        self._thread = threading.Thread(target=self._run, name="lich-lifeline", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            if self._parent is not None and self._parent.ended(PARENT_CHECK_SECONDS):
+                return self._on_gone("the process that started the daemon is gone")
+            if self._parent is None:
+                time.sleep(PARENT_CHECK_SECONDS)  # the file alone: nothing to wait on
+            if self._removed():
+                return self._on_lost("its address file was removed (the run folder deleted under it?); starting again on a new one")
+
+
+def unblock() -> None:
+    """No signal masks on Windows."""
+
+
+def arm_exit_deadline(seconds: float) -> None:
+    """End the process `seconds` from now. No SIGALRM here: a timer thread
+    calls os._exit, which needs the interpreter lock for a moment; C code
+    holding it past the deadline holds the exit too."""
+    timer = threading.Timer(seconds, os._exit, (EXIT_DEADLINE_CODE,))
+    timer.daemon = True
+    timer.start()
+
+
 # -- a pipe that never waits --------------------------------------------------------
 
 
-def nonblocking_pipe(fd: int, wait: bool = False) -> bool:
+def nonblocking(fd: int, wait: bool = False) -> bool:
     """Put the pipe behind `fd` in PIPE_NOWAIT mode (PIPE_WAIT if `wait`): a
-    write then takes what fits and returns. False (left as it is) when `fd`
-    is not a pipe."""
+    write then takes what fits and returns. The mode belongs to that pipe
+    alone (a spawn gives stdout and stderr a pipe each). False (left as it
+    is) when `fd` is not a pipe."""
     import msvcrt
     from ctypes import wintypes
 

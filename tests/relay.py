@@ -27,7 +27,7 @@ def daemon_request(address, method, url, body=None, headers=None, timeout=10.0):
 class Relay:
     """The daemon started the way the relay starts it, and the relay's half of the bridge."""
 
-    def __init__(self, env, args=(), stdin=subprocess.PIPE, module="lich_control.daemon", stderr=subprocess.PIPE, preexec_fn=None):
+    def __init__(self, env, args=(), stdin=subprocess.PIPE, module="lich_control", stderr=subprocess.PIPE, preexec_fn=None):
         # module: lich_dev.sim for the daemon on the simulated session; stderr:
         # a descriptor of the test's own, which then reads it itself
         self.env = env
@@ -188,13 +188,13 @@ def full_pipe():
     if os.name == "nt":
         from lich_control import windows
 
-        windows.nonblocking_pipe(write_fd)
+        windows.nonblocking(write_fd)
         try:
             while os.write(write_fd, b"x" * 4096) == 4096:
                 pass
         except OSError:
             pass
-        windows.nonblocking_pipe(write_fd, wait=True)
+        windows.nonblocking(write_fd, wait=True)
         return read_fd, write_fd
     os.set_blocking(write_fd, False)
     try:

@@ -2,7 +2,9 @@ import os
 
 import pytest
 
-from lich_control.config import WINDOWS, BadConfig, Config, NotInLich, expected_parent, lock_wait, parse_port, run_dir, session_path
+from lich_control.config import BadConfig, Config, NotInLich, expected_parent, lock_wait, parse_port, run_dir, session_path
+
+WINDOWS = os.name == "nt"
 
 POSIX = pytest.mark.skipif(WINDOWS, reason="Windows' run folder is in LOCALAPPDATA (tested below); no XDG, no uid")
 FULL = {"LICH_PORT": "4242", "LICH_TOKEN": "t", "LICH_SESSION_ID": "s1", "LICH_CONTROL_RUN_DIR": "/tmp/r"}

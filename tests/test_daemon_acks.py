@@ -140,9 +140,27 @@ class Lichs:
     commands from m1, as lich does."""
 
     def __init__(self):
-        self.lich = StubLich(newer_kinds=NEWER_KINDS).start()
+        self.lich = self._first()
         self.lifetime = 1
         self._ids = 0
+
+    @staticmethod
+    def _first() -> StubLich:
+        """A lich on a port below the system's ephemeral range: one a
+        restart finds free again, where a port the system chose could be
+        taken meanwhile by any program's outgoing connection."""
+        try:
+            with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+                ephemeral = int(f.read().split()[0])
+        except OSError:
+            ephemeral = 32768  # Linux's default
+        rng = random.Random()
+        for _ in range(100):
+            try:
+                return StubLich(port=rng.randrange(ephemeral // 2, ephemeral), newer_kinds=NEWER_KINDS).start()
+            except OSError:
+                continue  # another test's listener there
+        raise AssertionError(f"no free port below {ephemeral} for the development lich")
 
     def ids(self, n: int) -> list:
         self._ids += n
@@ -199,7 +217,7 @@ class Daemon:
     will die), its calls answered by `answers`' weights."""
 
     def __init__(self, env: dict, rng: random.Random, answers: dict, parent: bool = False):
-        argv = [sys.executable, "-m", "lich_control.daemon"]
+        argv = [sys.executable, "-m", "lich_control"]
         if parent:  # a parent the test can kill; the daemon finds it with getppid
             argv = ["sh", "-c", '"$@" & wait', "sh", *argv]
         else:

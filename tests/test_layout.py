@@ -101,3 +101,18 @@ def test_no_module_of_the_package_parses_http_by_hand():
     hand_parsing = re.compile(r"\bint\(.*,\s*16\)|startswith\(b[\"']HTTP/1\.")
     found = [path for path in package_modules().values() if hand_parsing.search(open(path, encoding="utf-8").read())]
     assert found == []
+
+
+def test_only_the_platform_seam_asks_which_system_it_runs_on():
+    # system.py picks posix.py or windows.py once; every other module calls `native`.
+    asks = re.compile(r"os\.name|sys\.platform|\bWINDOWS\b|IS_WINDOWS")
+    folder = os.path.join(ROOT, "lich_control")
+    found = sorted(name for name in os.listdir(folder) if name.endswith(".py") and asks.search(open(os.path.join(folder, name), encoding="utf-8").read()))
+    assert found == ["system.py"]
+
+
+def test_no_module_of_the_package_orders_its_imports_around_code():
+    # Start-up work that must come first is __main__.py's, inside its main.
+    folder = os.path.join(ROOT, "lich_control")
+    found = sorted(name for name in os.listdir(folder) if name.endswith(".py") and "noqa: E402" in open(os.path.join(folder, name), encoding="utf-8").read())
+    assert found == []

@@ -21,9 +21,10 @@ import urllib3
 from conftest import SCAN_TOKEN
 from fakes import RawAnswer
 from lich_control import CONTRACT_RELEASE, __version__, lich
+from lich_control.system import native as posix  # monkeypatched on POSIX only (POSIX_OWNER)
 from lich_control.acks import Ack
 from lich_control.config import Config
-from lich_control.lich import MAX_ACK_ANSWER, MAX_POLL_BODY, AckFailed, ExchangeTimeouts, LichClient, LichGone, PollFailed, listener_uid
+from lich_control.lich import MAX_ACK_ANSWER, MAX_POLL_BODY, AckFailed, ExchangeTimeouts, LichClient, LichGone, PollFailed
 from lich_dev.lich import AckAnswer, Answer, StubLich
 
 TOKEN = SCAN_TOKEN
@@ -366,34 +367,8 @@ def test_a_lich_of_another_user_gets_neither_a_poll_nor_an_ack(server):
 
 @POSIX_OWNER
 def test_where_the_owner_cannot_be_told_the_token_goes(server, monkeypatch):
-    monkeypatch.setattr(lich, "TCP_TABLES", ("/nonexistent/tcp",))  # not Linux, or /proc unreadable
+    monkeypatch.setattr(posix, "TCP_TABLES", ("/nonexistent/tcp",))  # not Linux, or /proc unreadable
     client = client_for(server.port, uid=os.getuid() + 1)
     server.faults.deliver({"id": "m1", "kind": "abort"})
     assert json.loads(client.poll()) == [{"id": "m1", "kind": "abort"}]
     client.close()
-
-
-@POSIX_OWNER
-@pytest.mark.parametrize("host, family", [("127.0.0.1", socket.AF_INET), ("0.0.0.0", socket.AF_INET), ("::", socket.AF_INET6)])
-def test_the_owner_is_found_whichever_listener_takes_the_connection(host, family):
-    if family == socket.AF_INET6 and not socket.has_dualstack_ipv6():
-        pytest.skip("no dual-stack IPv6 here")
-    if not os.path.exists("/proc/net/tcp"):
-        pytest.skip("no /proc/net/tcp: the owner cannot be told here")
-    with socket.create_server((host, 0), family=family, dualstack_ipv6=family == socket.AF_INET6) as listener:
-        with socket.create_connection(("127.0.0.1", listener.getsockname()[1])) as conn:
-            assert listener_uid(conn) == os.getuid()
-
-
-def test_a_row_in_time_wait_names_no_owner(tmp_path, monkeypatch):
-    with socket.create_server(("127.0.0.1", 0)) as listener, socket.create_connection(listener.getsockname()) as conn:
-        theirs, ours = lich._row_address(conn.getpeername(), False), lich._row_address(conn.getsockname(), False)
-        head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
-        waiting = f"   0: {theirs} {ours} 06 00000000:00000000 03:00001770 00000000     0        0 0 3 0\n"
-        live = f"   1: {theirs} {ours} 01 00000000:00000000 00:00000000 00000000  1234        0 99 1 0\n"
-        table = tmp_path / "tcp"
-        monkeypatch.setattr(lich, "TCP_TABLES", (str(table),))
-        table.write_text(head + waiting)
-        assert listener_uid(conn) is None  # the kernel's uid 0 of a TIME_WAIT row is no owner
-        table.write_text(head + waiting + live)
-        assert listener_uid(conn) == 1234

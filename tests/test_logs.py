@@ -238,21 +238,6 @@ def test_a_full_stderr_drops_lines_and_counts_them_without_waiting(tmp_path):
         os.close(write_fd)
 
 
-@pytest.mark.skipif(os.name == "nt", reason="Windows: no open file descriptions; PIPE_NOWAIT belongs to the pipe, and a spawn gives stderr a pipe of its own")
-def test_making_stderr_non_blocking_leaves_a_stdout_that_shares_its_pipe_blocking():
-    # O_NONBLOCK belongs to the open file description, which `2>&1` shares:
-    # flipped on it, the bridge's writes to stdout would fail when full.
-    read_fd, write_fd = os.pipe()
-    shared = os.dup(write_fd)  # fd 2 and fd 1 of `2>&1`
-    try:
-        logs.nonblocking(shared)
-        assert os.get_blocking(write_fd)
-        assert not os.get_blocking(shared) or not sys.platform.startswith("linux")
-    finally:
-        for fd in (read_fd, write_fd, shared):
-            os.close(fd)
-
-
 def test_a_line_goes_out_in_one_write_a_pipe_takes_whole():
     assert logs.one_write("short") == b"short\n"
     long = logs.one_write("字" * 10000)

@@ -16,10 +16,12 @@ from conftest import SCAN_TOKEN
 from lich_control import status_cli as statuscli
 from lich_control.activity import Activity
 from lich_control.bridge import Turns
-from lich_control.config import ADDRESS, WINDOWS
+from lich_control.config import ADDRESS
 from lich_control.bridge_server import BridgeServer, LoopbackListener, Routes, listener_at
 from lich_dev.faults import AckAnswer, Answer
 from lich_dev.procs import ROOT, daemon_env
+
+WINDOWS = os.name == "nt"
 
 WAIT = 10.0
 

@@ -64,7 +64,7 @@ def test_a_process_is_seen_to_end():
 @on_windows
 def test_a_pipe_made_non_waiting_takes_what_fits_and_never_blocks():
     read_fd, write_fd = os.pipe()
-    assert windows.nonblocking_pipe(write_fd)
+    assert windows.nonblocking(write_fd)
     written = 0
     with pytest.raises(OSError):  # full: a write fails (or takes nothing) at once, never waits
         for _ in range(1000):  # far more than any pipe buffer

@@ -48,7 +48,7 @@ class Relay:
         self._stderr = open(os.path.join(run_dir, f"{session_id}.stderr"), "wb")
         self.started_at = CLOCK()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lich_control.daemon"],
+            [sys.executable, "-m", "lich_control"],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,

@@ -1,7 +1,7 @@
 """The daemon with Windows' bridge (loopback TCP behind its secret, an
 address file) on this system, so the end-to-end tests run that path on
 Linux too: `python -m lich_dev.loopback_daemon` as the relay would start
-`lich_control.daemon`. Only the choice of listener differs."""
+`lich_control`. Only the choice of listener differs."""
 import sys
 
 from lich_control import config, bridge_server

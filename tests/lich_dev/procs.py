@@ -2,7 +2,7 @@
 started with, and the one way to stop a child.
 
     env = daemon_env(LICH_PORT="4312", LICH_TOKEN=token, LICH_SESSION_ID="s1")
-    proc = subprocess.Popen([sys.executable, "-m", "lich_control.daemon"], cwd=ROOT, env=env, ...)
+    proc = subprocess.Popen([sys.executable, "-m", "lich_control"], cwd=ROOT, env=env, ...)
     code = stop(proc)        # SIGTERM, a bounded wait, then SIGKILL
 
 The demo, the benchmark and the tests import this; the daemon never does.

@@ -155,7 +155,7 @@ def test_the_stand_in_denies_what_the_profile_denies(mac):
 
 def test_the_first_build_and_the_next_setup(mac):
     if mac.option:  # built by the person, unconfined: the relay runs it as it is
-        done = mac.run([mac.option, "-m", "lich_control.daemon", "--version"], cwd=mac.plugin)
+        done = mac.run([mac.option, "-m", "lich_control", "--version"], cwd=mac.plugin)
         assert done.returncode == 0, done.stderr
         return
     result, done = mac.setup()
@@ -181,7 +181,7 @@ def test_lich_mod_status_finds_the_confined_daemon_inside_and_outside(mac):
     with StubLich(token=TOKEN) as lich:
         env = mac.env(LICH_PORT=str(lich.port), LICH_TOKEN=TOKEN, LICH_SESSION_ID=session,
                       CLAUDE_PLUGIN_DATA=mac.data, LICH_CONTROL_PYTHON=interpreter)
-        daemon = subprocess.Popen(mac.confined([interpreter, "-m", "lich_control.daemon"]), cwd=mac.plugin, env=env,
+        daemon = subprocess.Popen(mac.confined([interpreter, "-m", "lich_control"]), cwd=mac.plugin, env=env,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             if not lich.wait_polled(session, timeout=60):

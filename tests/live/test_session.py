@@ -398,7 +398,7 @@ def test_9_the_token_appears_nowhere(world, session):
     assert ws.files_holding(token, folders) == []
 
     seen = world.watch.seen
-    daemons = [p for p in seen if "lich_control.daemon" in p.argv]
+    daemons = [p for p in seen if "lich_control" in p.argv]
     assert len({p.pid for p in daemons}) >= 3, "the watch missed a daemon: first, restarted, mutant"
     assert [p for p in seen if any(token in arg for arg in p.argv)] == []
 

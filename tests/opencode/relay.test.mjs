@@ -198,7 +198,7 @@ test('outside the TUI the plugin starts nothing; inside it, on Linux and Windows
 
 test('the daemon runs with the interpreter the python option names, nothing set up; dispose ends it for good', async () => {
   const w = world()
-  assert.deepEqual(w.spawned.map(s => [s.command, ...s.args]), [['/venv/bin/python', '-m', 'lich_control.daemon', '--host', 'opencode']])
+  assert.deepEqual(w.spawned.map(s => [s.command, ...s.args]), [['/venv/bin/python', '-m', 'lich_control', '--host', 'opencode']])
   assert.equal(w.spawned[0].cwd, ROOT)
   // opencode's environment, and opencode's own pid named as the daemon's parent.
   assert.deepEqual(w.spawned[0].env, { ...process.env, LICH_CONTROL_PARENT_PID: String(process.pid) })
@@ -214,7 +214,7 @@ test('with no interpreter named, the shared setup builds one and the daemon runs
   await until(() => w.daemons.length === 1)
   assert.deepEqual(w.spawned.map(s => [s.command, ...s.args]), [
     ['python3', join(ROOT, 'hooks', 'lich_runtime.py'), '--data', '/data/opencode/lich-control'],
-    ['/data/env/bin/python', '-m', 'lich_control.daemon', '--host', 'opencode'],
+    ['/data/env/bin/python', '-m', 'lich_control', '--host', 'opencode'],
   ])
   assert.deepEqual(w.logs(), ['lich-control: setup: creating a virtual environment in /data/env'])
   const shell = { env: {} }

@@ -34,7 +34,7 @@ describe('the gate', () => {
   test('all three set in an interactive session: the daemon starts', async ($, on) => {
     const world = await spawnedWith($, on)
     const { argv, cwd, env } = world.child.request
-    expect(argv).toEqual([ENV_PYTHON, '-m', 'lich_control.daemon'])
+    expect(argv).toEqual([ENV_PYTHON, '-m', 'lich_control'])
     // The plugin's folder, where lich_control is, not the session's.
     expect(cwd).toStartWith('/')
     expect(cwd).not.toBe(INTERACTIVE.cwd)
@@ -330,7 +330,7 @@ describe('the Python environment', () => {
     world.child.hello('/s1')
     await world.until(() => world.statuses.length === 3)
     expect(world.statuses).toEqual([undefined, BUILDING, undefined])
-    expect(world.child.request.argv).toEqual([ENV_PYTHON, '-m', 'lich_control.daemon'])
+    expect(world.child.request.argv).toEqual([ENV_PYTHON, '-m', 'lich_control'])
     expect(world.logs).toContain(`lich-control setup: creating a virtual environment in ${DATA}/env-0.1.0-0123456789ab`)
     // The session's own commands (bin/ on its PATH) find the same interpreter.
     expect(world.envSet.LICH_CONTROL_PYTHON).toBe(ENV_PYTHON)
@@ -379,7 +379,7 @@ describe('the Python environment', () => {
   ] as const) {
     test(how, async ($, on) => {
       const world = await spawnedWith($, on, { settings })
-      expect(world.child.request.argv).toEqual([python, '-m', 'lich_control.daemon'])
+      expect(world.child.request.argv).toEqual([python, '-m', 'lich_control'])
       expect(world.envSet.LICH_CONTROL_PYTHON).toBe(python)
       expect(world.setups).toHaveLength(builds)
     })
@@ -388,19 +388,19 @@ describe('the Python environment', () => {
   // What /config sets: the manifest's userConfig field, handed to the module as options.
   test('the python option set in /config runs the daemon, and nothing is built', { options: { python: ' /opt/py/bin/python3.13 ' } }, async ($, on) => {
     const world = await spawnedWith($, on)
-    expect(world.child.request.argv).toEqual(['/opt/py/bin/python3.13', '-m', 'lich_control.daemon'])
+    expect(world.child.request.argv).toEqual(['/opt/py/bin/python3.13', '-m', 'lich_control'])
     expect(world.envSet.LICH_CONTROL_PYTHON).toBe('/opt/py/bin/python3.13')
     expect(world.setups).toHaveLength(0)
   })
 
   test('the python option set in /config wins over a value stored under the bare name', { options: { python: '/opt/config/python' } }, async ($, on) => {
     const world = await spawnedWith($, on, { settings: { user: pythonOption('/home/me/py') } })
-    expect(world.child.request.argv).toEqual(['/opt/config/python', '-m', 'lich_control.daemon'])
+    expect(world.child.request.argv).toEqual(['/opt/config/python', '-m', 'lich_control'])
   })
 
   test('unset in /config (empty), the python option stored under the bare name still runs the daemon', { options: { python: '' } }, async ($, on) => {
     const world = await spawnedWith($, on, { settings: { user: pythonOption('/home/me/py') } })
-    expect(world.child.request.argv).toEqual(['/home/me/py', '-m', 'lich_control.daemon'])
+    expect(world.child.request.argv).toEqual(['/home/me/py', '-m', 'lich_control'])
     expect(world.setups).toHaveLength(0)
   })
 })
@@ -467,7 +467,7 @@ describe('Windows', () => {
   test('the setup runs with the py launcher, the daemon from what it names', async ($, on) => {
     const world = await spawnedWith($, on, { platform: 'windows' })
     expect(world.setups.map(setup => setup.request.argv.slice(0, 2))).toEqual([['py', '-3']])
-    expect(world.child.request.argv).toEqual([ENV_PYTHON, '-m', 'lich_control.daemon'])
+    expect(world.child.request.argv).toEqual([ENV_PYTHON, '-m', 'lich_control'])
     expect(world.child.request.env.LICH_CONTROL_PARENT_PID).toBe('77')
   })
 

@@ -118,7 +118,7 @@ class Session {
   }
 
   daemons() {
-    return this.spawned.filter(child => child.request.argv.includes('lich_control.daemon'))
+    return this.spawned.filter(child => child.request.argv.includes('lich_control'))
   }
 
   #note(change) {
@@ -184,7 +184,7 @@ test('without $.process.hookEnv (before 2.1.326), the daemon starts, named no pa
       assert.deepEqual(session.setups()[0].request.env, { CLAUDE_PLUGIN_DATA: data })
       // No LICH_CONTROL_PARENT_PID: the daemon takes the parent it finds.
       assert.deepEqual(session.daemons()[0].request.env, { CLAUDE_PLUGIN_DATA: data })
-      assert.deepEqual(session.daemons()[0].request.argv, [ENV_PYTHON, '-m', 'lich_control.daemon'])
+      assert.deepEqual(session.daemons()[0].request.argv, [ENV_PYTHON, '-m', 'lich_control'])
       assert.deepEqual(session.missingReads, [])
     })
   }

@@ -52,7 +52,7 @@ export function runDaemon(launch, python, { onLine, log, started }) {
   // that its parent is the process named here, so an opencode gone before
   // the daemon's interpreter started is noticed.
   const env = { ...process.env, LICH_CONTROL_PARENT_PID: String(process.pid) }
-  return runChild(launch, python, ['-m', 'lich_control.daemon', '--host', 'opencode'], ['pipe', 'pipe', 'pipe'], child => {
+  return runChild(launch, python, ['-m', 'lich_control', '--host', 'opencode'], ['pipe', 'pipe', 'pipe'], child => {
     started(child)
     eachLine(child.stdout, onLine)
     eachLine(child.stderr, line => log('info', line))
