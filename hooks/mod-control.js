@@ -5,9 +5,8 @@
 // does not need `$` is bridge.js, which the opencode relay shares.
 
 import { Bridge, Refused, SETUP, messageOf, postHeaders, setUp, systemPythons } from './bridge.js'
+import { dataFolder, lichPluginPolls, namedPython } from './plugin-records.js'
 
-// lich's own plugin, by the name it installs under (lich@<marketplace>).
-const LICH_PLUGIN = 'lich'
 // A Windows path: a drive letter, then a backslash (or a slash).
 const WINDOWS_PATH = /^[A-Za-z]:[\\/]/
 // Claude Code's platforms ($.session.info) in Node's words, which
@@ -70,14 +69,15 @@ async function supervise($, isInteractive, option) {
     if (!isInteractive || !(await insideLich($))) return
     // Asked all at once: each is a round trip to Claude Code's worker, and
     // the daemon's start waits on the last of them.
-    const [platform, otherPolls, env, named, refusal] = await Promise.all([
+    const [platform, lichPlugin, env, named, refusal] = await Promise.all([
       platformOf($),
       lichPluginPolls($),
       hookEnv($),
       namedPython($, option),
       fetchRefusal($),
     ])
-    if (otherPolls) return
+    for (const line of lichPlugin.lines) log($, line)
+    if (lichPlugin.polls) return
     // A line an earlier load of this module pinned (before /reload-plugins)
     // stays on screen until replaced: taken away first.
     shown = true
@@ -129,33 +129,6 @@ async function hookEnv($) {
   return data === undefined ? undefined : { CLAUDE_PLUGIN_DATA: data }
 }
 
-// The folder Claude Code keeps for this plugin's data, as it names it:
-// data/<plugin id> in its plugins folder, every character of the id but
-// letters, digits, - and _ made -. The id is the install record's: the one
-// whose copy is this plugin's folder, else the only one of this name (a
-// marketplace added from a folder runs the plugin there, not from its
-// copy); with none, <name>@inline, a folder loaded with --plugin-dir.
-async function dataFolder($) {
-  try {
-    const plugins = await pluginsFolder($)
-    const installs = await installPaths($)
-    const ids = Object.keys(installs).filter(key => key.startsWith(`${$.plugin.name}@`))
-    const id = ids.find(key => installs[key].includes($.plugin.root)) ?? (ids.length === 1 ? ids[0] : `${$.plugin.name}@inline`)
-    return `${plugins}/data/${id.replace(/[^a-zA-Z0-9_-]/g, '-')}`
-  } catch {
-    return undefined
-  }
-}
-
-// Claude Code's plugins folder, where it keeps the install record and each
-// plugin's data: CLAUDE_CODE_PLUGIN_CACHE_DIR when that is set (a leading ~
-// is the home folder), else plugins/ in its configuration folder.
-async function pluginsFolder($) {
-  const home = await $.env.get('HOME')
-  const cache = await $.env.get('CLAUDE_CODE_PLUGIN_CACHE_DIR')
-  return cache ? cache.replace(/^~(?=\/|$)/, home) : `${(await $.env.get('CLAUDE_CONFIG_DIR')) || `${home}/.claude`}/plugins`
-}
-
 // A `claude -p` run from a tool inside a lich session inherits its variables:
 // isInteractive is what keeps it from taking the parent's commands.
 async function insideLich($) {
@@ -202,93 +175,6 @@ async function platformOf($) {
   const info = await present(() => $.session.info()).catch(() => undefined)
   if (info !== LACKING) return PLATFORMS[info?.platform]
   return WINDOWS_PATH.test($.plugin.root) ? 'win32' : undefined
-}
-
-// lich's own plugin (lich-plugin) may carry a client of this same contract
-// in its mod. Two clients would split the session's commands between them,
-// so where an enabled lich-plugin registers a mod, this one stands down.
-// What its installed files register decides, not its version (its
-// hooks/hooks.json names the mod under `modules`). It is found as lich
-// installs it (enabledPlugins, then the install record); one loaded from a
-// folder (--plugin-dir) is not seen.
-async function lichPluginPolls($) {
-  // The whole merge, and the key from it: every release reads that, where
-  // a read of one key is not.
-  const enabled = (await $.settings.read().catch(() => undefined))?.enabledPlugins
-  const ids = Object.keys(enabled ?? {}).filter(id => id.startsWith(`${LICH_PLUGIN}@`) && enabled[id] === true)
-  if (ids.length === 0) return false
-  const installs = await installPaths($)
-  for (const id of ids) {
-    for (const root of installs[id] ?? [undefined]) {
-      const mod = root === undefined ? undefined : await registeredMod($, root)
-      if (mod === undefined) {
-        log($, `lich-control: ${id} is enabled too, and what it registers could not be read; a lich-plugin with a mod polls lich for this session itself, and two clients split lich's commands between them (docs/install.md, "Next to lich-plugin")`)
-      } else if (mod !== null) {
-        log($, `lich-control: ${id} registers a mod (${mod}) that polls lich for this session itself; lich-control starts no daemon here, so the two do not split lich's commands (docs/install.md, "Next to lich-plugin")`)
-        return true
-      }
-    }
-  }
-  return false
-}
-
-// Where each installed plugin's files are, from Claude Code's install
-// record in its plugins folder; {} when it cannot be read.
-async function installPaths($) {
-  try {
-    const path = `${await pluginsFolder($)}/installed_plugins.json`
-    // There is none before the first install, and a failed $.fs.read is an
-    // [ERROR] line in the debug log.
-    if (!(await $.fs.exists(path))) return {}
-    const record = JSON.parse(await $.fs.read(path))
-    const paths = {}
-    for (const [id, installs] of Object.entries(record?.plugins ?? {})) {
-      const found = Array.isArray(installs) ? installs.map(install => install?.installPath).filter(path => typeof path === 'string') : []
-      if (found.length > 0) paths[id] = found
-    }
-    return paths
-  } catch {
-    return {}
-  }
-}
-
-// The mod a plugin's folder registers: the first module its hooks/hooks.json
-// names (relative to that file) that is there to load. Null when it
-// registers none; undefined when hooks.json cannot be read.
-async function registeredMod($, root) {
-  let hooks
-  try {
-    hooks = JSON.parse(await $.fs.read(`${root}/hooks/hooks.json`))
-  } catch {
-    return undefined
-  }
-  for (const entry of Array.isArray(hooks?.modules) ? hooks.modules : []) {
-    if (typeof entry !== 'string') continue
-    const path = `${root}/hooks/${entry.replace(/^\.\//, '')}`
-    if (await $.fs.exists(path).catch(() => false)) return path
-  }
-  return null
-}
-
-// The `python` option: the manifest's userConfig field, which Claude Code
-// hands over as `options` (set in /config, or stored under the plugin's key
-// in `pluginConfigs` of the user's settings, `--settings` or managed
-// settings; never a project's, which a cloned repository could use to run a
-// program of its choosing), "" when unset. A value stored under the bare
-// name before the field was declared is read from those same settings:
-// Claude Code hands an installed plugin only what its full key
-// (`lich-control@lich-control`) holds. Null when none names an interpreter.
-async function namedPython($, option) {
-  if (typeof option === 'string' && option.trim()) return option.trim()
-  const sources = await Promise.all(['policy', 'flag', 'user'].map(source => $.settings.read({ source }).catch(() => undefined)))
-  for (const settings of sources) {
-    for (const [key, config] of Object.entries(settings?.pluginConfigs ?? {})) {
-      if (key !== $.plugin.name && !key.startsWith(`${$.plugin.name}@`)) continue
-      const python = config?.options?.python
-      if (typeof python === 'string' && python.trim()) return python.trim()
-    }
-  }
-  return null
 }
 
 // bridge.js's setUp on `$`: each line the setup writes on stderr is a step
