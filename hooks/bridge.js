@@ -41,10 +41,9 @@ export const SETUP = 'hooks/lich_runtime.py'
 const CANNOT = 'lich-control cannot set up its Python environment'
 
 // What a host's send throws where the host refuses the relay's posts to the
-// daemon for good, whatever they carry (Claude Code 2.1.280 to 2.1.287 while
-// CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set, or an organization's
-// policy: docs/install.md); its message says why, in the host's words. No
-// retry mends it.
+// daemon for good, whatever they carry (a Claude Code with nonessential
+// traffic off, or an organization's policy: docs/install.md); its message
+// says why, in the host's words. No retry mends it.
 export class Refused extends Error {}
 
 export class Bridge {
