@@ -1,11 +1,12 @@
 // The relay's half of the bridge (protocol 1), which both relays share: the
 // Claude Code mod (mod-control.js) and the opencode plugin
-// (opencode/lich-control.js). It keeps the daemon's life, reads the lines it
-// writes, performs the calls it asks for and posts their results, posts the
-// turn events in order, holds the overrides it set, and restarts it when it
-// dies. Written for neither host: no Node (a Claude Code mod has none) and
-// no `$` (opencode has none); each relay hands in how its host runs the
-// daemon, performs a call, posts to the daemon, tells time and logs.
+// (opencode/lich-control.js). It sets up the daemon's Python, keeps the
+// daemon's life, reads the lines it writes, performs the calls it asks for
+// and posts their results, posts the turn events in order, holds the
+// overrides it set, and restarts it when it dies. Written for neither host:
+// no Node (a Claude Code mod has none) and no `$` (opencode has none); each
+// relay hands in how its host runs a child, performs a call, posts to the
+// daemon, tells time and logs.
 //
 // Where the daemon listens is its hello's to say, as an address: {socket}, a
 // Unix socket (Linux, macOS), or {port, secret}, loopback TCP where there are
