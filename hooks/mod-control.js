@@ -69,11 +69,12 @@ async function supervise($, isInteractive, option) {
     if (!isInteractive || !(await insideLich($))) return
     // Asked all at once: each is a round trip to Claude Code's worker, and
     // the daemon's start waits on the last of them.
+    const claude = records($)
     const [platform, lichPlugin, env, named, refusal] = await Promise.all([
       platformOf($),
-      lichPluginPolls($),
-      hookEnv($),
-      namedPython($, option),
+      lichPluginPolls(claude),
+      hookEnv($, claude),
+      namedPython(claude, option),
       fetchRefusal($),
     ])
     for (const line of lichPlugin.lines) log($, line)
@@ -122,11 +123,28 @@ function present(call) {
 // names the plugin's data folder itself, for the setup script, and the
 // daemon, named no parent, takes the one it finds as it starts. Undefined
 // when Claude Code could not give them.
-async function hookEnv($) {
+async function hookEnv($, claude) {
   const env = await present(() => $.process.hookEnv()).catch(() => undefined)
   if (env !== LACKING) return env
-  const data = await dataFolder($)
+  const data = await dataFolder(claude)
   return data === undefined ? undefined : { CLAUDE_PLUGIN_DATA: data }
+}
+
+// The calls plugin-records.js reads Claude Code's records with: a loader
+// follows `$` into no function of another file, so they are spelled here.
+function records($) {
+  return {
+    settings: source => (source === undefined ? $.settings.read() : $.settings.read({ source })),
+    exists: path => $.fs.exists(path),
+    read: path => $.fs.read(path),
+    // One call a name: $.env.get takes the name as a literal.
+    folders: async () => ({
+      home: await $.env.get('HOME'),
+      cache: await $.env.get('CLAUDE_CODE_PLUGIN_CACHE_DIR'),
+      config: await $.env.get('CLAUDE_CONFIG_DIR'),
+    }),
+    plugin: { name: $.plugin.name, root: $.plugin.root },
+  }
 }
 
 // A `claude -p` run from a tool inside a lich session inherits its variables:
