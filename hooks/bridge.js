@@ -1,11 +1,12 @@
 // The relay's half of the bridge (protocol 1), which both relays share: the
 // Claude Code mod (mod-control.js) and the opencode plugin
-// (opencode/lich-control.js). It keeps the daemon's life, reads the lines it
-// writes, performs the calls it asks for and posts their results, posts the
-// turn events in order, holds the overrides it set, and restarts it when it
-// dies. Written for neither host: no Node (a Claude Code mod has none) and
-// no `$` (opencode has none); each relay hands in how its host runs the
-// daemon, performs a call, posts to the daemon, tells time and logs.
+// (opencode/lich-control.js). It sets up the daemon's Python, keeps the
+// daemon's life, reads the lines it writes, performs the calls it asks for
+// and posts their results, posts the turn events in order, holds the
+// overrides it set, and restarts it when it dies. Written for neither host:
+// no Node (a Claude Code mod has none) and no `$` (opencode has none); each
+// relay hands in how its host runs a child, performs a call, posts to the
+// daemon, tells time and logs.
 //
 // Where the daemon listens is its hello's to say, as an address: {socket}, a
 // Unix socket (Linux, macOS), or {port, secret}, loopback TCP where there are
@@ -35,12 +36,15 @@ const POSTS_AT_ONCE = 8
 export const NO_OVERRIDES = { model: null, effort: null }
 // The header a loopback daemon checks each request's secret in (bridge.md).
 export const SECRET_HEADER = 'X-Lich-Control-Secret'
+// Builds the daemon's private Python environment and names its interpreter
+// (its docstring has the protocol), from the project's folder.
+export const SETUP = 'hooks/lich_runtime.py'
+const CANNOT = 'lich-control cannot set up its Python environment'
 
 // What a host's send throws where the host refuses the relay's posts to the
-// daemon for good, whatever they carry (Claude Code 2.1.280 to 2.1.287 while
-// CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set, or an organization's
-// policy: docs/install.md); its message says why, in the host's words. No
-// retry mends it.
+// daemon for good, whatever they carry (a Claude Code with nonessential
+// traffic off, or an organization's policy: docs/install.md); its message
+// says why, in the host's words. No retry mends it.
 export class Refused extends Error {}
 
 export class Bridge {
@@ -266,11 +270,50 @@ function addressOf({ socket, port, secret }) {
   return null
 }
 
+// The system's Python to run the setup with, each an argv head, the first
+// that runs taken; by the platform in Node's words (process.platform). On
+// Windows no python3 is installed: the py launcher python.org's installer
+// puts on PATH, else a python on PATH.
+export function systemPythons(platform) {
+  return platform === 'win32' ? [['py', '-3'], ['python']] : [['python3']]
+}
+
+// The headers of a post to the daemon at `address`: a loopback one reads
+// its secret in SECRET_HEADER.
+export function postHeaders({ secret }) {
+  return { 'content-type': 'application/json', ...(secret !== undefined && { [SECRET_HEADER]: secret }) }
+}
+
+// Runs the setup once, to its end, with the first of `pythons` that runs.
+// `run(python)` runs SETUP under that argv head and resolves {end, stdout}
+// (how it ended, all it wrote there), or {error} where it could not run.
+// Resolves {python}, the interpreter the setup names, or why there is none:
+// {error}, the one line for the log, with what to do (`docs`, the page on
+// naming an interpreter); {why}, the cause, and {problem}, the setup's
+// own few words (else null), for a screen; {noPython}, true where no Python ran.
+export async function setUp(run, pythons, docs) {
+  const name = python => python.join(' ')
+  const failures = []
+  for (const python of pythons) {
+    const ran = await run(python)
+    if (ran.error !== undefined) {
+      failures.push(pythons.length > 1 ? `${name(python)}: ${ran.error}` : ran.error)
+      continue
+    }
+    const { python: named, error, problem } = setupResult(ran.stdout)
+    if (named) return { python: named }
+    const why = `${SETUP} ${describe(ran.end)} without a result`
+    return { error: error ?? `${CANNOT}: ${why} (the lines above say why). Set the plugin's python option to an interpreter that has lich-control installed (${docs})`, why, problem }
+  }
+  const why = `${pythons.map(name).join(' nor ')} did not run (${failures.join('; ')})`
+  return { error: `${CANNOT}: ${why}. Install Python 3.9 or later, or set the plugin's python option to an interpreter that has lich-control installed (${docs})`, why, problem: null, noPython: true }
+}
+
 // hooks/lich_runtime.py's answer, its last line on stdout (the script's
 // docstring has the protocol): {python} once the environment is ready, else
 // {error}, the one line that says why, and {problem}, what went wrong in a
 // few words for a screen, each null when it wrote none.
-export function setupResult(stdout) {
+function setupResult(stdout) {
   let result
   try {
     result = JSON.parse(stdout.trim().split('\n').pop())
@@ -283,7 +326,7 @@ export function setupResult(stdout) {
 }
 
 // How a child process ended, for a log line.
-export function describe(end) {
+function describe(end) {
   if (end.error !== undefined) return `could not run (${end.error})`
   if (end.signal) return `was ended by ${end.signal}`
   return `exited with ${end.code}`

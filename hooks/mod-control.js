@@ -4,25 +4,18 @@
 // Only a mod reaches `$`, so this half has to live inside Claude Code; what
 // does not need `$` is bridge.js, which the opencode relay shares.
 
-import { Bridge, Refused, SECRET_HEADER, describe, messageOf, setupResult } from './bridge.js'
+import { Bridge, Refused, SETUP, messageOf, postHeaders, setUp, systemPythons } from './bridge.js'
+import { dataFolder, lichPluginPolls, namedPython } from './plugin-records.js'
 
-// Builds the daemon's private Python environment and names its interpreter
-// (the script's own docstring has the protocol); run with the system's
-// Python: python3, or on Windows, where no python3 is installed, the py
-// launcher python.org's installer puts on PATH, else a python on PATH.
-const SETUP = 'hooks/lich_runtime.py'
-const SYSTEM_PYTHONS = { posix: [['python3']], windows: [['py', '-3'], ['python']] }
-// lich's own plugin, by the name it installs under (lich@<marketplace>).
-const LICH_PLUGIN = 'lich'
 // A Windows path: a drive letter, then a backslash (or a slash).
 const WINDOWS_PATH = /^[A-Za-z]:[\\/]/
+// Claude Code's platforms ($.session.info) in Node's words, which
+// systemPythons takes.
+const PLATFORMS = { windows: 'win32', macos: 'darwin', linux: 'linux' }
 // Claude Code's words where it refuses a plugin's every $.http.fetch, before
-// it reads the URL: "<plugin>: $.http.fetch: refused: <why>" (2.1.280 to
-// 2.1.332); a fetch that failed otherwise names its URL before the word.
+// it reads the URL; a fetch that failed otherwise names its URL before them.
 const FETCH_REFUSED = /: \$\.http\.fetch: refused: (.+)$/s
-// Its why where that is CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC, set to any
-// value, on 2.1.280 to 2.1.287 (docs/install.md, "Nonessential traffic,
-// before 2.1.288").
+// Its why where CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is the cause.
 const NONESSENTIAL = 'nonessential network traffic is disabled'
 // A URL the check asks $.http.fetch for: no fetch takes it (not http), so
 // where fetches are allowed it is refused for its scheme, with no request
@@ -51,9 +44,8 @@ export function register(on, options) {
     return next(e)
   })
 
-  // Only the main loop's turn can be aborted with $.turn.abort. A
-  // subagent's turn.start carries its agentId (2.1.299 on; before, a
-  // subagent raises none, only its turn.complete: docs/install.md).
+  // Only the main loop's turn can be aborted with $.turn.abort; a
+  // subagent's turn.start carries its agentId.
   on('turn.start', async ($, e, next) => {
     if (e.agentId === undefined) bridge.turnStarted(e.turnId)
     return next(e)
@@ -77,14 +69,16 @@ async function supervise($, isInteractive, option) {
     if (!isInteractive || !(await insideLich($))) return
     // Asked all at once: each is a round trip to Claude Code's worker, and
     // the daemon's start waits on the last of them.
-    const [windows, otherPolls, env, named, refusal] = await Promise.all([
-      onWindows($),
-      lichPluginPolls($),
-      hookEnv($),
-      namedPython($, option),
+    const claude = records($)
+    const [platform, lichPlugin, env, named, refusal] = await Promise.all([
+      platformOf($),
+      lichPluginPolls(claude),
+      hookEnv($, claude),
+      namedPython(claude, option),
       fetchRefusal($),
     ])
-    if (otherPolls) return
+    for (const line of lichPlugin.lines) log($, line)
+    if (lichPlugin.polls) return
     // A line an earlier load of this module pinned (before /reload-plugins)
     // stays on screen until replaced: taken away first.
     shown = true
@@ -92,7 +86,7 @@ async function supervise($, isInteractive, option) {
     // Its results could never reach it: a daemon would take lich's commands
     // and never ack them.
     if (refusal !== undefined) return refused($, refusal)
-    const python = named ?? (await setUp($, env, SYSTEM_PYTHONS[windows ? 'windows' : 'posix']))
+    const python = named ?? (await setUpPython($, env, systemPythons(platform)))
     if (python === null) return
     // Every command the session runs after inherits it: bin/lich-mod-status
     // on its PATH finds the daemon's interpreter there.
@@ -109,12 +103,11 @@ async function supervise($, isInteractive, option) {
   }
 }
 
-// Claude Code's `$` grows release by release (docs/install.md, "Which
-// Claude Code"): a call a release lacks is undefined there, and calling it
-// throws a TypeError at once, before any promise exists. The loader takes `$`
-// only as `$.noun.event(...)` at a call site, and refuses the module over a
-// `typeof $.noun.event`, so making the call is the check: `present` answers
-// what it resolves, or LACKING where the call threw that way.
+// Which release has which `$` call: docs/install.md, "Which Claude Code".
+// A call a release lacks throws a TypeError at once, before any promise
+// exists, and the loader refuses a module that looks a call up (`typeof`),
+// so making the call is the check: `present` answers what it resolves, or
+// LACKING where the call threw that way.
 const LACKING = Symbol('a call this Claude Code lacks')
 
 function present(call) {
@@ -126,42 +119,32 @@ function present(call) {
 }
 
 // The variables a command hook gets (CLAUDE_PID, CLAUDE_PLUGIN_DATA, ...),
-// which spawn does not set by itself. A Claude Code before 2.1.326 has no
-// $.process.hookEnv: there the relay names the plugin's data folder itself,
-// for the setup script, and the daemon, named no parent, takes the one it
-// finds as it starts. Undefined when Claude Code could not give them.
-async function hookEnv($) {
+// which spawn does not set by itself. Without $.process.hookEnv the relay
+// names the plugin's data folder itself, for the setup script, and the
+// daemon, named no parent, takes the one it finds as it starts. Undefined
+// when Claude Code could not give them.
+async function hookEnv($, claude) {
   const env = await present(() => $.process.hookEnv()).catch(() => undefined)
   if (env !== LACKING) return env
-  const data = await dataFolder($)
+  const data = await dataFolder(claude)
   return data === undefined ? undefined : { CLAUDE_PLUGIN_DATA: data }
 }
 
-// The folder Claude Code keeps for this plugin's data, as it names it:
-// data/<plugin id> in its plugins folder, every character of the id but
-// letters, digits, - and _ made -. The id is the install record's: the one
-// whose copy is this plugin's folder, else the only one of this name (a
-// marketplace added from a folder runs the plugin there, not from its
-// copy); with none, <name>@inline, a folder loaded with --plugin-dir.
-async function dataFolder($) {
-  try {
-    const plugins = await pluginsFolder($)
-    const installs = await installPaths($)
-    const ids = Object.keys(installs).filter(key => key.startsWith(`${$.plugin.name}@`))
-    const id = ids.find(key => installs[key].includes($.plugin.root)) ?? (ids.length === 1 ? ids[0] : `${$.plugin.name}@inline`)
-    return `${plugins}/data/${id.replace(/[^a-zA-Z0-9_-]/g, '-')}`
-  } catch {
-    return undefined
+// The calls plugin-records.js reads Claude Code's records with: a loader
+// follows `$` into no function of another file, so they are spelled here.
+function records($) {
+  return {
+    settings: source => (source === undefined ? $.settings.read() : $.settings.read({ source })),
+    exists: path => $.fs.exists(path),
+    read: path => $.fs.read(path),
+    // One call a name: $.env.get takes the name as a literal.
+    folders: async () => ({
+      home: await $.env.get('HOME'),
+      cache: await $.env.get('CLAUDE_CODE_PLUGIN_CACHE_DIR'),
+      config: await $.env.get('CLAUDE_CONFIG_DIR'),
+    }),
+    plugin: { name: $.plugin.name, root: $.plugin.root },
   }
-}
-
-// Claude Code's plugins folder, where it keeps the install record and each
-// plugin's data: CLAUDE_CODE_PLUGIN_CACHE_DIR when that is set (a leading ~
-// is the home folder), else plugins/ in its configuration folder.
-async function pluginsFolder($) {
-  const home = await $.env.get('HOME')
-  const cache = await $.env.get('CLAUDE_CODE_PLUGIN_CACHE_DIR')
-  return cache ? cache.replace(/^~(?=\/|$)/, home) : `${(await $.env.get('CLAUDE_CONFIG_DIR')) || `${home}/.claude`}/plugins`
 }
 
 // A `claude -p` run from a tool inside a lich session inherits its variables:
@@ -180,10 +163,8 @@ async function insideLich($) {
 
 // Why Claude Code refuses this plugin's every $.http.fetch, and with them
 // the relay's posts to its daemon, in its own words; undefined where it
-// does not. It refuses on 2.1.280 to 2.1.287 while
-// CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC is set (from the environment or
-// the settings' env: the call is asked, not the variable), and wherever the
-// organization's policy keeps plugins off the network.
+// does not. The call is asked, not the variable: the settings' env can set
+// it too, and an organization's policy can refuse as well.
 async function fetchRefusal($) {
   try {
     await $.http.fetch(PROBE)
@@ -204,120 +185,27 @@ function refused($, reason) {
     : `lich cannot control this session: Claude Code refuses the plugin's requests (${reason})`)
 }
 
-// Whether Claude Code runs on Windows, where the system's Python has
-// another name. Before 2.1.326 there is no $.session.info to say so: there
-// the plugin's own folder does, a drive letter and a backslash being
-// Windows's alone (under WSL, Linux to the daemon, it is a Linux path).
-async function onWindows($) {
+// The platform Claude Code runs on, in Node's words: the system's Python
+// has another name on Windows. Without $.session.info the plugin's own
+// folder tells Windows, whose paths alone start with a drive letter (under
+// WSL, Linux to the daemon, it is a Linux path); undefined: a POSIX one.
+async function platformOf($) {
   const info = await present(() => $.session.info()).catch(() => undefined)
-  return info === LACKING ? WINDOWS_PATH.test($.plugin.root) : info?.platform === 'windows'
+  if (info !== LACKING) return PLATFORMS[info?.platform]
+  return WINDOWS_PATH.test($.plugin.root) ? 'win32' : undefined
 }
 
-// lich's own plugin (lich-plugin) carries a client of this same contract in
-// its mod, which polls lich for the session from the first release that has
-// one (0.14.0; a 0.13.2 development build already did). Two clients would
-// split the session's commands between them, so where an enabled lich-plugin
-// registers a mod, this one stands down. What its installed files register
-// decides, not its version: its hooks/hooks.json names the mod under
-// `modules` (hooks/mod-control.js, later hooks/lich.js, which loads it).
-// It is found as lich installs it (enabledPlugins, then the install record);
-// one loaded from a folder (--plugin-dir) is not seen.
-async function lichPluginPolls($) {
-  // The whole merge, and the key from it: a read of one key ({ key }, from
-  // 2.1.304) is that same read projected, and an older Claude Code ignores
-  // the key and answers the whole merge (measured on 2.1.280).
-  const enabled = (await $.settings.read().catch(() => undefined))?.enabledPlugins
-  const ids = Object.keys(enabled ?? {}).filter(id => id.startsWith(`${LICH_PLUGIN}@`) && enabled[id] === true)
-  if (ids.length === 0) return false
-  const installs = await installPaths($)
-  for (const id of ids) {
-    for (const root of installs[id] ?? [undefined]) {
-      const mod = root === undefined ? undefined : await registeredMod($, root)
-      if (mod === undefined) {
-        log($, `lich-control: ${id} is enabled too, and what it registers could not be read; a lich-plugin with a mod polls lich for this session itself, and two clients split lich's commands between them (docs/install.md, "Next to lich-plugin")`)
-      } else if (mod !== null) {
-        log($, `lich-control: ${id} registers a mod (${mod}) that polls lich for this session itself; lich-control starts no daemon here, so the two do not split lich's commands (docs/install.md, "Next to lich-plugin")`)
-        return true
-      }
-    }
-  }
-  return false
-}
-
-// Where each installed plugin's files are, from Claude Code's install
-// record in its plugins folder; {} when it cannot be read.
-async function installPaths($) {
-  try {
-    const path = `${await pluginsFolder($)}/installed_plugins.json`
-    // There is none before the first install, and a failed $.fs.read is an
-    // [ERROR] line in the debug log.
-    if (!(await $.fs.exists(path))) return {}
-    const record = JSON.parse(await $.fs.read(path))
-    const paths = {}
-    for (const [id, installs] of Object.entries(record?.plugins ?? {})) {
-      const found = Array.isArray(installs) ? installs.map(install => install?.installPath).filter(path => typeof path === 'string') : []
-      if (found.length > 0) paths[id] = found
-    }
-    return paths
-  } catch {
-    return {}
-  }
-}
-
-// The mod a plugin's folder registers: the first module its hooks/hooks.json
-// names (relative to that file) that is there to load. Null when it
-// registers none; undefined when hooks.json cannot be read.
-async function registeredMod($, root) {
-  let hooks
-  try {
-    hooks = JSON.parse(await $.fs.read(`${root}/hooks/hooks.json`))
-  } catch {
-    return undefined
-  }
-  for (const entry of Array.isArray(hooks?.modules) ? hooks.modules : []) {
-    if (typeof entry !== 'string') continue
-    const path = `${root}/hooks/${entry.replace(/^\.\//, '')}`
-    if (await $.fs.exists(path).catch(() => false)) return path
-  }
-  return null
-}
-
-// The `python` option: the manifest's userConfig field, which Claude Code
-// hands over as `options` (set in /config, or stored under the plugin's key
-// in `pluginConfigs` of the user's settings, `--settings` or managed
-// settings; never a project's, which a cloned repository could use to run a
-// program of its choosing), "" when unset. A value stored under the bare
-// name before the field was declared is read from those same settings:
-// Claude Code hands an installed plugin only what its full key
-// (`lich-control@lich-control`) holds. Null when none names an interpreter.
-async function namedPython($, option) {
-  if (typeof option === 'string' && option.trim()) return option.trim()
-  const sources = await Promise.all(['policy', 'flag', 'user'].map(source => $.settings.read({ source }).catch(() => undefined)))
-  for (const settings of sources) {
-    for (const [key, config] of Object.entries(settings?.pluginConfigs ?? {})) {
-      if (key !== $.plugin.name && !key.startsWith(`${$.plugin.name}@`)) continue
-      const python = config?.options?.python
-      if (typeof python === 'string' && python.trim()) return python.trim()
-    }
-  }
-  return null
-}
-
-// Runs the setup script once, to its end, with the system's Python, the
-// first of `pythons` (each an argv head) that runs: each line it writes on
-// stderr is a step for the log, its last line on stdout the result. The
-// interpreter it names, or null after logging the one line that says why
-// there is none. Never throws.
-async function setUp($, env, pythons) {
-  let stdout = ''
+// bridge.js's setUp on `$`: each line the setup writes on stderr is a step
+// for the debug log, and its first on stdout, when it builds, says so
+// ({"building": ...}) on screen. The interpreter it names, or null once
+// the log and the screen say why there is none. Never throws.
+async function setUpPython($, env, pythons) {
   const steps = lineReader(line => log($, `lich-control setup: ${line.trimEnd()}`))
-  // Its first line on stdout, when it builds, says so ({"building": ...}).
   const told = lineReader(line => {
     if (!shown && line.includes('"building"')) show($, 'setting up Python for lich (first run)…')
   })
-  let end
-  const failures = []
-  for (const python of pythons) {
+  const result = await setUp(async python => {
+    let stdout = ''
     try {
       const child = $.process.spawn({ argv: [...python, `${$.plugin.root}/${SETUP}`], cwd: $.plugin.root, ...(env && { env }) })
       for await (const { stream, text } of child) {
@@ -326,40 +214,31 @@ async function setUp($, env, pythons) {
           told.push(text)
         } else steps.push(text)
       }
-      end = await child.result
-      break
+      const end = await child.result
+      steps.end()
+      return { end, stdout }
     } catch (err) {
-      failures.push(pythons.length > 1 ? `${python.join(' ')}: ${messageOf(err)}` : messageOf(err))
+      return { error: messageOf(err) }
     }
-  }
-  if (end === undefined) {
-    const names = pythons.map(python => python.join(' ')).join(' nor ')
-    log($, `lich-control cannot set up its Python environment: ${names} did not run (${failures.join('; ')}). Install Python 3.9 or later, or set the plugin's python option to an interpreter that has lich-control installed (docs/install.md)`)
-    show($, `cannot set up Python for lich: ${names} did not run (${failures.join('; ')}). Install Python 3.9 or later, then /reload-plugins`)
-    return null
-  }
-  steps.end()
-  const { python, error, problem } = setupResult(stdout)
-  if (python) return python
-  const why = `${SETUP} ${describe(end)} without a result`
-  log($, error ?? `lich-control cannot set up its Python environment: ${why} (the lines above say why). Set the plugin's python option to an interpreter that has lich-control installed (docs/install.md)`)
+  }, pythons, 'docs/install.md')
+  if (result.python) return result.python
+  log($, result.error)
   // The same on screen, in one row: the cause, and what tries again in this
   // session (/reload-plugins runs the setup again and starts the daemon).
   // The command that does it from a shell is too long for the row:
   // lich-mod-status prints it, as does the debug log.
-  show($, problem
-    ? `cannot set up Python for lich: ${problem}. Mend that, then /reload-plugins`
-    : `cannot set up Python for lich: ${why} (claude --debug logs its steps). /reload-plugins tries again`)
+  if (result.noPython) show($, `cannot set up Python for lich: ${result.why}. Install Python 3.9 or later, then /reload-plugins`)
+  else if (result.problem) show($, `cannot set up Python for lich: ${result.problem}. Mend that, then /reload-plugins`)
+  else show($, `cannot set up Python for lich: ${result.why} (claude --debug logs its steps). /reload-plugins tries again`)
   return null
 }
 
 // The relay's one line on the person's screen, under the prompt, after the
 // plugin's name (Claude Code adds it): the setup at work, then its failure;
-// cleared once the daemon is up. Pinned with $.ui.status, which every release
-// the relay runs on has (from 2.1.259); where it is lacking, a line in the
-// transcript, which cannot be taken back (a toast would be gone in seconds,
-// and $.ui.notify leaves the terminal). Nothing is shown outside lich, or
-// where the daemon starts at once.
+// cleared once the daemon is up. Pinned with $.ui.status; where it is
+// lacking, a line in the transcript, which cannot be taken back (a toast
+// would be gone in seconds, and $.ui.notify leaves the terminal). Nothing
+// is shown outside lich, or where the daemon starts at once.
 let shown = false
 
 function show($, text) {
@@ -401,8 +280,7 @@ async function now($) {
 // Runs the daemon once, to its end, or until `signal` aborts; never throws.
 // The loop is the child's life: return() on its stream, even with a pull
 // pending (which then ends), has Claude Code send it SIGTERM, and SIGKILL
-// 2 s later (measured on 2.1.280 to 2.1.332); its result is then undefined,
-// and how it ended is not told.
+// 2 s later; its result is then undefined, and how it ended is not told.
 async function run($, request, onLine, signal) {
   const lines = lineReader(onLine)
   try {
@@ -445,10 +323,6 @@ function lineReader(onLine) {
 // its source, so no method name is looked up at run time.
 async function invoke($, method, args) {
   switch (method) {
-    // A notification prompt comes with asUser: true. Before 2.1.286 Claude
-    // Code ignores it, and the model reads the prompt, the notification
-    // whole, under the plugin's name ("The lich-control plugin sent a
-    // message: ..."); its turn starts and it is acked all the same.
     case 'prompt.submit':
       return $.prompt.submit(args)
     case 'turn.abort':
@@ -468,8 +342,8 @@ async function invoke($, method, args) {
 // To the daemon's Unix socket, or on Windows to its loopback port with its
 // secret (bridge.js, the address).
 async function send($, address, path, body) {
-  const { socket, port, secret } = address
-  const headers = { 'content-type': 'application/json', ...(secret !== undefined && { [SECRET_HEADER]: secret }) }
+  const { socket, port } = address
+  const headers = postHeaders(address)
   const url = socket === undefined ? `http://127.0.0.1:${port}${path}` : `http://lich-control${path}`
   let response
   try {

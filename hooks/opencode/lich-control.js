@@ -17,9 +17,9 @@ import { homedir } from 'node:os'
 import { join } from 'node:path'
 import { isMainThread } from 'node:worker_threads'
 
-import { Bridge } from '../bridge.js'
+import { Bridge, systemPythons } from '../bridge.js'
 import { Calls } from './relay/calls.js'
-import { SYSTEM_PYTHONS, postToDaemon, runDaemon, setUp } from './relay/daemon.js'
+import { postToDaemon, runDaemon, setUpPython } from './relay/daemon.js'
 import { Sessions } from './relay/sessions.js'
 
 const VARIABLES = ['LICH_PORT', 'LICH_TOKEN', 'LICH_SESSION_ID']
@@ -45,7 +45,7 @@ export async function plugin({ client }, options = {}, where) {
   const relay = (running = new Relay({
     client,
     python: named,
-    pythons: SYSTEM_PYTHONS[where.platform === 'win32' ? 'win32' : 'posix'],
+    platform: where.platform,
     // opencode keeps no folder per plugin: this one is beside its own data.
     data: join(process.env.XDG_DATA_HOME || join(homedir(), '.local', 'share'), 'opencode', 'lich-control'),
     onStop: () => {
@@ -63,10 +63,10 @@ export function insideLich({ env, argv, isMainThread }) {
 }
 
 export class Relay {
-  constructor({ client, python = null, pythons = SYSTEM_PYTHONS.posix, data, onStop = () => {}, spawn: launch = spawn, post = postToDaemon, sleep = delay, now = Date.now, abortSettleMs }) {
+  constructor({ client, python = null, platform = process.platform, data, onStop = () => {}, spawn: launch = spawn, post = postToDaemon, sleep = delay, now = Date.now, abortSettleMs }) {
     // `python` is the interpreter the person named; null: the private
-    // environment in `data`, built by the first of `pythons` (the system's) that runs.
-    Object.assign(this, { client, python, pythons, data, onStop, launch, post, sleep, now })
+    // environment in `data`, built with the system's Python on `platform`.
+    Object.assign(this, { client, python, platform, data, onStop, launch, post, sleep, now })
     this.bridge = new Bridge()
     this.sessions = new Sessions({ client, bridge: this.bridge, sleep, log: this.log })
     this.calls = new Calls({ client, bridge: this.bridge, sessions: this.sessions, log: this.log, abortSettleMs })
@@ -116,7 +116,7 @@ export class Relay {
   async #supervise() {
     const log = this.log
     // Off the hooks' back: the session goes on while an environment is built.
-    this.python ??= await setUp(this.launch, this.data, log, this.pythons)
+    this.python ??= await setUpPython(this.launch, this.data, log, systemPythons(this.platform))
     if (this.python === null) return this.bridge.close()
     await this.bridge.serve({
       run: onLine => runDaemon(this.launch, this.python, { onLine, log, started: child => (this.child = child) }),

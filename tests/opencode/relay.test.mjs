@@ -94,7 +94,7 @@ function world(answers = {}, options = {}) {
     client,
     python: options.python === undefined ? '/venv/bin/python' : options.python,
     data: '/data/opencode/lich-control',
-    ...(options.pythons && { pythons: options.pythons }),
+    platform: options.platform ?? 'linux',
     spawn: (command, args, spawnOptions) => {
       spawned.push({ command, args, cwd: spawnOptions.cwd, env: spawnOptions.env })
       if (options.missing?.includes(command)) throw Object.assign(new Error(`spawn ${command} ENOENT`), { code: 'ENOENT' })
@@ -233,6 +233,14 @@ test('a setup that fails is logged in its one line, and no daemon starts', async
   const output = { options: { keep: 1 } }
   await w.hooks['chat.params']({ agent: 'build', model: {} }, output)
   assert.deepEqual(output.options, { keep: 1 })
+})
+
+test('a setup that ends without a result is logged in the words the Claude Code relay uses, and no daemon starts', async () => {
+  const w = world({}, { python: null, setup: { ok: false } })
+  await until(() => w.logs().length === 1)
+  await flush()
+  assert.deepEqual(w.logs(), ["lich-control cannot set up its Python environment: hooks/lich_runtime.py exited with 1 without a result (the lines above say why). Set the plugin's python option to an interpreter that has lich-control installed (docs/opencode.md)"])
+  assert.equal(w.spawned.length, 1)
 })
 
 test('a post that fails on the way is sent again after a pause, twice; only the third failure is logged', async () => {
@@ -625,20 +633,19 @@ test('a burst of 1,200 results settling at once reaches the daemon whole', async
 
 // -- Windows --------------------------------------------------------------
 
-test('on Windows the setup runs with the py launcher, else with python on PATH, else one line names both', async () => {
-  const WINDOWS = [['py', '-3'], ['python']]
-  const launcher = world({}, { python: null, pythons: WINDOWS })
+test('on Windows (win32) the setup runs with the py launcher, else with python on PATH, else one line names both', async () => {
+  const launcher = world({}, { python: null, platform: 'win32' })
   await until(() => launcher.daemons.length === 1)
   assert.deepEqual(launcher.spawned[0].command, 'py')
   assert.deepEqual(launcher.spawned[0].args.slice(0, 1), ['-3'])
 
-  const path = world({}, { python: null, pythons: WINDOWS, missing: ['py'] })
+  const path = world({}, { python: null, platform: 'win32', missing: ['py'] })
   await until(() => path.daemons.length === 1)
   assert.deepEqual(path.spawned.map(s => s.command), ['py', 'python', '/data/env/bin/python'])
 
-  const neither = world({}, { python: null, pythons: WINDOWS, missing: ['py', 'python'] })
+  const neither = world({}, { python: null, platform: 'win32', missing: ['py', 'python'] })
   await until(() => neither.logs().length === 1)
-  assert.match(neither.logs()[0], /^lich-control: cannot set up its Python environment: py -3 nor python did not run \(py -3: spawn py ENOENT; python: spawn python ENOENT\)/)
+  assert.deepEqual(neither.logs(), ["lich-control cannot set up its Python environment: py -3 nor python did not run (py -3: spawn py ENOENT; python: spawn python ENOENT). Install Python 3.9 or later, or set the plugin's python option to an interpreter that has lich-control installed (docs/opencode.md)"])
   assert.equal(neither.daemons.length, 0)
 })
 

@@ -8,40 +8,26 @@ import { dirname, join, resolve } from 'node:path'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
 
-import { SECRET_HEADER, describe, setupResult, messageOf } from '../../bridge.js'
+import { SETUP, messageOf, postHeaders, setUp } from '../../bridge.js'
 
 // The project's folder: the daemon's package, and the setup script.
 export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..')
-// Builds the daemon's private Python environment and names its interpreter,
-// as for the Claude Code relay (its docstring has the protocol); run with the
-// system's Python: python3, or on Windows, which has none, the py launcher,
-// else a python on PATH.
-const SETUP = join(ROOT, 'hooks', 'lich_runtime.py')
-export const SYSTEM_PYTHONS = { posix: [['python3']], win32: [['py', '-3'], ['python']] }
 
-// Runs hooks/lich_runtime.py to its end with the first of `pythons` (argv
-// heads) that runs, its steps to the log: the interpreter it names, or null
-// once the one line that says why there is none is logged. Never throws.
-export async function setUp(launch, data, log, pythons) {
-  let stdout = ''
-  let end
-  const failures = []
-  for (const [command, ...head] of pythons) {
-    end = await runChild(launch, command, [...head, SETUP, '--data', data], ['ignore', 'pipe', 'pipe'], child => {
+// bridge.js's setUp, each try a child process in the project's folder, its
+// steps to the log; the environment goes to `data` (opencode keeps no
+// folder per plugin). The interpreter it names, or null once the one line
+// that says why there is none is logged. Never throws.
+export async function setUpPython(launch, data, log, pythons) {
+  const result = await setUp(async ([command, ...head]) => {
+    let stdout = ''
+    const end = await runChild(launch, command, [...head, join(ROOT, SETUP), '--data', data], ['ignore', 'pipe', 'pipe'], child => {
       child.stdout.setEncoding('utf8').on('data', text => (stdout += text))
       eachLine(child.stderr, line => log('info', `setup: ${line}`))
     })
-    if (end.error === undefined) break
-    failures.push(pythons.length > 1 ? `${[command, ...head].join(' ')}: ${end.error}` : end.error)
-  }
-  if (end.error !== undefined) {
-    const names = pythons.map(python => python.join(' ')).join(' nor ')
-    log('error', `cannot set up its Python environment: ${names} did not run (${failures.join('; ')}). Install Python 3.9 or later, or name an interpreter that has lich-control installed in the plugin's python option (docs/opencode.md)`)
-    return null
-  }
-  const { python, error } = setupResult(stdout)
-  if (python) return python
-  log('error', error ?? `cannot set up its Python environment: hooks/lich_runtime.py ${describe(end)} without a result (the lines above say why)`)
+    return end.error === undefined ? { end, stdout } : { error: end.error }
+  }, pythons, 'docs/opencode.md')
+  if (result.python) return result.python
+  log('error', result.error)
   return null
 }
 
@@ -64,7 +50,7 @@ export function runDaemon(launch, python, { onLine, log, started }) {
 export function postToDaemon({ socket, port, secret }, path, body) {
   return new Promise((done, fail) => {
     const payload = JSON.stringify(body)
-    const headers = { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload), ...(secret !== undefined && { [SECRET_HEADER]: secret }) }
+    const headers = { ...postHeaders({ secret }), 'content-length': Buffer.byteLength(payload) }
     const where = socket !== undefined ? { socketPath: socket } : { host: '127.0.0.1', port }
     const req = request({ ...where, path, method: 'POST', headers }, res => {
       let text = ''
