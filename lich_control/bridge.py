@@ -88,8 +88,8 @@ class Turns:
 class PendingCalls:
     """The calls waiting for an answer, each settled exactly once.
 
-    `settle` takes a call out of the table, under the condition, before it
-    settles its Future: whichever comes first (the answer, the deadline,
+    `settle` takes a call out of the table and settles its Future, both
+    under the condition: whichever comes first (the answer, the deadline,
     `close`) settles it, and whatever comes later finds nothing, is ignored,
     and the call is forgotten. That is the one guard against a second ack.
 
@@ -134,22 +134,26 @@ class PendingCalls:
         False if it was settled already, or never was."""
         with self._cond:
             future = self._pending.pop(call_id, None)
-            if future is not None and self._deadlines and self._deadlines[0][2] == call_id:
+            if future is None:
+                return False
+            if self._deadlines and self._deadlines[0][2] == call_id:
                 self._cond.notify()
-        if future is None:
-            return False
-        future.set_result(result)
+            # Under the condition, so that `close` returns only once a settle
+            # under way has run its callbacks (they queue the call's ack):
+            # the stop that follows it then finds every ack queued.
+            future.set_result(result)
         return True
 
     def close(self, reason: str) -> None:
+        """Fail every call still pending; once it returns, no call settles again."""
         with self._cond:
             if self._closed is None:
                 self._closed = reason
             pending, self._pending = self._pending, {}
             self._deadlines.clear()
             self._cond.notify()
-        for future in pending.values():
-            future.set_result(CallResult.failed(reason))
+            for future in pending.values():
+                future.set_result(CallResult.failed(reason))
 
     def _run(self) -> None:
         while True:

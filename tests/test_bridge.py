@@ -190,6 +190,29 @@ def test_a_stdout_nobody_reads_holds_back_neither_close_nor_a_deadline():
     assert box[0].result(0).ok is False
 
 
+def test_close_returns_only_once_a_settle_under_way_has_run_its_callbacks():
+    # A settle in another thread (the relay's result) when the daemon stops:
+    # its callback queues the command's ack, and the ack thread is stopped
+    # right after close returns, so close must not pass it.
+    calls = PendingCalls()
+    call_id, future = calls.add("model.fork", None)
+    entered, release, closed = threading.Event(), threading.Event(), threading.Event()
+    future.add_done_callback(lambda done: entered.set() or release.wait(WAIT))
+    settler = threading.Thread(target=calls.settle, args=(call_id, CallResult.answered({"isAnswered": True, "text": "a"})), daemon=True)
+    settler.start()
+    try:
+        assert entered.wait(WAIT)
+        closer = threading.Thread(target=lambda: calls.close("the daemon is stopping") or closed.set(), daemon=True)
+        closer.start()
+        assert not closed.wait(0.2)  # held by the callback under way
+        release.set()
+        assert closed.wait(WAIT)
+    finally:
+        release.set()
+        settler.join(WAIT)
+    assert future.result(0).ok
+
+
 # -- the deadlines: PendingCalls ---------------------------------------------
 
 
