@@ -51,11 +51,13 @@ HEAD_SECONDS = 10.0
 HEAD_BYTES = 16 * 1024
 
 
+@attrs.frozen
 class Routes:
     """What the socket serves; each sink raises bridge.BadMessage with a reason for a body of the wrong shape."""
 
-    def __init__(self, result: Callable[[Any], None], event: Callable[[Any], None], status: Callable[[], dict]):
-        self.result, self.event, self.status = result, event, status
+    result: Callable[[Any], None]
+    event: Callable[[Any], None]
+    status: Callable[[], dict]
 
 
 class UnixListener:
