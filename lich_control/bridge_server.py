@@ -97,7 +97,7 @@ class UnixListener:
             now = os.lstat(self.path)
         except FileNotFoundError:
             return True
-        return (now.st_dev, now.st_ino) != (self._bound.st_dev, self._bound.st_ino)
+        return not os.path.samestat(now, self._bound)
 
     def close(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -326,9 +326,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "POST" or sink is None:
             self.close_connection = True  # no relay asks this: a body it may carry is left unread
             return (405, b"method not allowed\n") if route in ROUTES else (404, b"no such path\n")
-        length = self.headers.get("Content-Length")
-        # Chunked, or not a number ("²" is a digit to isdigit, not to int).
-        if length is None or "Transfer-Encoding" in self.headers or not (length.isascii() and length.isdigit()):
+        length = self.headers.get("Content-Length", "")
+        # None, chunked, or not a number ("²" is a digit to isdigit, not to int).
+        if "Transfer-Encoding" in self.headers or not (length.isascii() and length.isdigit()):
             self.close_connection = True
             return 411, b"a Content-Length is required\n"
         length = int(length)
@@ -497,4 +497,4 @@ class BoundedSocket(socket.socket):
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise socket.timeout("the deadline passed")
-            super().settimeout(left if self._timeout is None or left < self._timeout else self._timeout)
+            super().settimeout(left if self._timeout is None else min(left, self._timeout))
