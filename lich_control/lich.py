@@ -126,22 +126,19 @@ class LichClient:
 
     def _exchange(self, request: requests.PreparedRequest, seconds: float, limit: int, failed: type) -> Tuple[int, str, bytes]:
         """(status, reason, body) of one request, or `failed` with a phrase, within
-        `seconds` (LoopbackAdapter.deadline). Sent once: one that failed may have reached
+        `seconds` (LoopbackAdapter.set_deadline). Sent once: one that failed may have reached
         lich, and a poll or an ack must not be taken twice."""
-        self._adapter.deadline = time.monotonic() + seconds
+        self._adapter.set_deadline(time.monotonic() + seconds)
         try:
             timeout = (min(CONNECT_TIMEOUT, seconds), seconds)
-            response = self._adapter.send(request, stream=True, timeout=timeout)
-            try:
-                body = _read_capped(response, limit)
-            finally:
-                response.close()  # a body left unread closes the connection, never reuses it
+            with self._adapter.send(request, stream=True, timeout=timeout) as response:
+                body = _read_capped(response, limit)  # a body left unread closes the connection, never reuses it
         except _WIRE_ERRORS as exc:
             phrase = _phrase(exc, self._port, seconds)
             log.debug("%s %s failed: %s", request.method, request.path_url.partition("?")[0], phrase, exc_info=True)
             raise failed(phrase) from exc
         finally:
-            self._adapter.deadline = None
+            self._adapter.set_deadline(None)
         if body is None:
             size = f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit // 1024} KiB"
             raise failed(f"lich's answer is over {size}")
@@ -248,12 +245,8 @@ class LoopbackAdapter(HTTPAdapter):
         # The pool hands its extra keywords to each connection it makes.
         self.poolmanager.pool_classes_by_scheme = {"http": functools.partial(_Pool, adapter=self)}
 
-    @property
-    def deadline(self) -> Optional[float]:
-        return self._deadline
-
-    @deadline.setter
-    def deadline(self, at: Optional[float]) -> None:
+    def set_deadline(self, at: Optional[float]) -> None:
+        """Every read and write ends by `at` (time.monotonic; None between exchanges), set by the client's thread."""
         self._deadline = at
         with self._lock:
             for sock in self._sockets:
