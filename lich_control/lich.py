@@ -1,11 +1,8 @@
 """LichClient: the two HTTP exchanges with lich, a poll and an ack, on
-`requests`, each with a total deadline, its answer bounded, and the owner
-of lich's port checked (docs/architecture.md, "To lich", says why each way).
-
-Each client is used by one thread; `abandon` is the one call another thread
-may make. A failed exchange leaves as PollFailed or AckFailed, worded from
-the classes of the exceptions `requests` and urllib3 raise (their texts hold
-the URL, and so the token), raised from the original.
+`requests`, each with a total deadline, its answer bounded, the owner of
+lich's port checked, and a failure worded from the exception's classes, never
+its text, which holds the token (docs/architecture.md, "To lich", says why).
+Each client is used by one thread; `abandon` is the one call another may make.
 """
 from __future__ import annotations
 
@@ -117,8 +114,7 @@ class LichClient:
 
     def abandon(self) -> None:
         """Cut any request in flight from another thread (a parked poll at
-        shutdown): lich sees the client gone and hands a held poll nothing,
-        and an answer it wrote in that instant is still read whole."""
+        shutdown): LoopbackAdapter.abandon says how, and why our half only."""
         self._adapter.abandon()
 
     def close(self) -> None:
@@ -217,20 +213,11 @@ def _read_capped(response: requests.Response, limit: int) -> Optional[bytes]:
 class LoopbackAdapter(HTTPAdapter):
     """One kept-alive connection, no retries (the default, kept), whose
     connections check the listener's owner before the token goes out, keep
-    each exchange to `deadline` (every read and write of its socket, a
-    bridge_server.BoundedSocket), and can be cut by `abandon`.
-
-    `deadline` (time.monotonic) is set by the one thread using the client,
-    None between exchanges; the socket list is shared with `abandon`'s
-    thread, under the lock.
-
-    Why a deadline on the socket: urllib3's read timeout bounds each read
-    alone, so a lich sending a byte every second (a status line, a header
-    line that never ends, `100 Continue` again and again, a body) would hold
-    an exchange open for ever. http.client reads all of those through
-    `recv_into`, and the request goes out through `sendall`: the socket
-    bounds both, raising socket.timeout once the deadline has passed, which
-    urllib3 and requests then report as a read timeout."""
+    each exchange to its deadline on every read and write of their socket, a
+    bridge_server.BoundedSocket (urllib3's read timeout bounds each read
+    alone: a byte a second would hold an exchange for ever), and can be cut by
+    `abandon` from another thread, which shares the socket list under the
+    lock. docs/architecture.md, "To lich", says why each."""
 
     def __init__(self, uid: Union[int, str, None]):
         self.uid = uid
