@@ -1,14 +1,8 @@
-"""Activity: what the daemon is doing, for `GET /v1/status` and lich-mod-status.
+"""Activity: what the daemon is doing, for `GET /v1/status` (docs/status.md).
 
-Every thread reports here (the poller its polls, the worker and the ack
-senders their commands); one lock guards it all, held only to copy a few
-fields. The document gives ages, not clock readings (but the start's wall
-time, for people).
-
-Every string from outside (ids, lich's refusals, the relay's errors) is
-cleaned once, as it enters, by logs.Redactor, so what leaves is shown as it
-is, by lich-mod-status too. `in_flight` lists the oldest `SHOWN_IN_FLIGHT`:
-a burst of asks may keep a thousand in flight.
+Every thread reports here; one lock guards it all, held only to copy a few
+fields. Every string from outside is cleaned once, as it enters, by
+logs.Redactor, so what leaves is shown as it is, by lich-mod-status too.
 """
 from __future__ import annotations
 
@@ -25,7 +19,8 @@ from .logs import Redactor
 
 RECENT = 20
 ERRORS = 10
-SHOWN_IN_FLIGHT = 50  # the oldest; `in_flight_more` counts the rest
+# A burst of asks may keep a thousand in flight: `in_flight_more` counts past the oldest 50.
+SHOWN_IN_FLIGHT = 50
 ID_LIMIT = 200  # characters of an id or a kind shown
 TEXT_LIMIT = 400  # characters of an error or a reason shown
 
