@@ -95,7 +95,7 @@ class Activity:
     # -- commands --------------------------------------------------------
 
     def received(self, cid: str, kind: str) -> None:
-        entry = {"id": self._clean(cid, ID_LIMIT), "kind": self._clean(kind, ID_LIMIT), "since": time.monotonic(), "waiting_on": "worker"}
+        entry = {"id": self._clean(cid, ID_LIMIT), "kind": self._clean(kind, ID_LIMIT), "at": time.monotonic(), "waiting_on": "worker"}
         with self._lock:
             self._in_flight[cid] = entry
 
@@ -118,17 +118,9 @@ class Activity:
             if sent is not None:
                 counts["unsent"] += 1
                 self._note_error(now, f"ack for {shown} ({kind}) not delivered: {sent}")
-            self._recent.append(
-                {
-                    "id": shown,
-                    "kind": kind,
-                    "ok": ok,
-                    "error": error,
-                    "at": now,
-                    "took_ms": None if entry is None else round((now - entry["since"]) * 1000, 1),
-                    "ack": "sent" if sent is None else "dropped",
-                }
-            )
+            took_ms = None if entry is None else round((now - entry["at"]) * 1000, 1)
+            ack = "sent" if sent is None else "dropped"
+            self._recent.append({"id": shown, "kind": kind, "ok": ok, "error": error, "at": now, "took_ms": took_ms, "ack": ack})
 
     def error(self, what: str) -> None:
         what = self._clean(what)
@@ -157,10 +149,7 @@ class Activity:
                 "poll": poll,
                 "turn": turn,
                 "overrides": dict(self._overrides),
-                "in_flight": [
-                    {"id": e["id"], "kind": e["kind"], "waiting_on": e["waiting_on"], "age_s": round(now - e["since"], 1)}
-                    for e in itertools.islice(self._in_flight.values(), SHOWN_IN_FLIGHT)
-                ],
+                "in_flight": [_aged(e, now) for e in itertools.islice(self._in_flight.values(), SHOWN_IN_FLIGHT)],
                 "in_flight_more": max(0, len(self._in_flight) - SHOWN_IN_FLIGHT),
                 "counts": {kind: dict(c) for kind, c in self._counts.items()},
                 "recent": [_aged(r, now) for r in self._recent],
