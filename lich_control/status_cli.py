@@ -3,24 +3,16 @@
     lich-mod-status [--json]            one line per daemon in the run folder
     lich-mod-status SESSION [--json]    everything one daemon tells
 
-Daemons are found as sockets in the run folder (`config.run_dir`'s rules),
-or on Windows as the address files naming each one's port and secret,
-which must pass the daemon's own test (`run_folder.check`); a socket
-nothing answers on within 2 s, the whole exchange, is reported as stale.
-On a terminal the overview is cut to its width. Exit 0 when it could say
-what each daemon is doing, none included; 1 when the SESSION asked for has
-no daemon that answers, the run folder is refused, or the plugin's setup
-failed. Run from the plugin's folder (bin/lich-mod-status), it also says
-when the plugin's setup is building the daemon's Python, or failed to, with
-the command that tries again. The socket is reached with
-`bridge_server.DaemonConnection`, the one client of a daemon's socket.
+Exit 0 when it could say what each daemon is doing, none included; 1 when
+the SESSION asked for has no daemon that answers, the run folder is
+refused, or the plugin's setup failed. docs/status.md says what it shows,
+where it finds daemons and how long it waits for each.
 
 A document is printed as the daemon gave it: the daemon made every string
 in it safe as it entered (escaped, cut, the token taken out). One this
-command cannot read (a field missing, a null where text belongs) is
-reported on its daemon's row, never a crash that hides the others; `--json`
-is one line of ASCII JSON (json.dumps' default): any locale prints it, and a
-lone surrogate is the escape that reads back as it.
+command cannot read is reported on its daemon's row, never a crash that
+hides the others; `--json` is ASCII JSON (json.dumps' default): any locale
+prints it, and a lone surrogate is the escape that reads back as it.
 """
 from __future__ import annotations
 
