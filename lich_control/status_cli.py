@@ -126,11 +126,6 @@ def overrides(status: dict) -> str:
     return " ".join(chosen) or "-"
 
 
-def in_flight(status: dict) -> str:
-    parts = [f"{e['kind']} {e['id']} ({e['waiting_on']})" for e in status["in_flight"]]
-    return ", ".join(parts) or "-"
-
-
 def counts(status: dict) -> str:
     parts = [f"{kind} {c['ok']}/{c['failed']}" for kind, c in sorted(status["counts"].items())]
     return " ".join(parts) or "-"
@@ -141,13 +136,12 @@ def outcome(entry: dict) -> str:
     return text if entry["ack"] == "sent" else f"{text} (ack not delivered)"
 
 
+@attrs.frozen
 class Paint:
     """ANSI colour on a terminal, plain text elsewhere (and under NO_COLOR)."""
 
-    CODES = {"green": "32", "yellow": "33", "red": "31", "dim": "2", "bold": "1"}
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
+    CODES = {"green": "32", "yellow": "33", "red": "31", "bold": "1"}
+    enabled: bool
 
     def __call__(self, text: str, colour: str) -> str:
         return f"\033[{self.CODES[colour]}m{text}\033[0m" if self.enabled else text
@@ -209,7 +203,7 @@ def summary(s: dict) -> List[str]:
         age(s["poll"].get("last_poll_age_s")),
         s["turn"] or "-",
         overrides(s),
-        in_flight(s),
+        ", ".join(f"{e['kind']} {e['id']} ({e['waiting_on']})" for e in s["in_flight"]) or "-",
         counts(s),
         age(s["daemon"]["uptime_s"], ""),
     ]
@@ -233,7 +227,7 @@ def detail(f: Found, paint: Paint) -> List[str]:
     fields = [
         ["session", d["session_id"]],
         ["pid", f"{d['pid']} ({d['engine']} engine{' in ' + d['host'] if d.get('host') else ''}, version {d['version']}, contract {d.get('contract_release', '?')})"],
-        ["state", state(s) + why + retry],
+        ["state", paint.state(state(s) + why + retry)],
         ["last poll", f"sent {age(poll.get('last_poll_age_s'))}, last answered {age(poll['last_answer_age_s'])} ({poll['polls']} polls, {poll['failures']} failed)"],
         ["turn", s["turn"] or "none running"],
         ["overrides", overrides(s)],
@@ -243,25 +237,15 @@ def detail(f: Found, paint: Paint) -> List[str]:
         ["socket", d.get("socket", f.socket)],
         ["log", d.get("log_file") or "-"],
     ]
-    lines = []
-    for name, value in fields:
-        lines.append(f"{paint(name.ljust(12), 'bold')}{paint.state(value) if name == 'state' else value}")
-    lines.append("")
-    lines.append(paint("recent commands", "bold"))
-    if s["recent"]:
-        rows = [["ID", "KIND", "OUTCOME", "TOOK", "WHEN"]]
-        for r in reversed(s["recent"][-10:]):
-            took = "-" if r["took_ms"] is None else f"{r['took_ms']:g} ms"
-            rows.append([r["id"], r["kind"], outcome(r), took, age(r["age_s"])])
-        lines.extend("  " + line for line in table(rows, paint))
-    else:
-        lines.append("  none yet")
-    lines.append("")
-    lines.append(paint("last errors", "bold"))
-    for e in reversed(s["errors"][-5:]):
-        lines.append(f"  {age(e['age_s']).ljust(12)}{e['what']}")
-    if not s["errors"]:
-        lines.append("  none")
+    rows = [["ID", "KIND", "OUTCOME", "TOOK", "WHEN"]]
+    for r in reversed(s["recent"][-10:]):
+        took = "-" if r["took_ms"] is None else f"{r['took_ms']:g} ms"
+        rows.append([r["id"], r["kind"], outcome(r), took, age(r["age_s"])])
+    lines = [f"{paint(name.ljust(12), 'bold')}{value}" for name, value in fields]
+    lines += ["", paint("recent commands", "bold")]
+    lines += ["  " + line for line in table(rows, paint)] if s["recent"] else ["  none yet"]
+    lines += ["", paint("last errors", "bold")]
+    lines += [f"  {age(e['age_s']).ljust(12)}{e['what']}" for e in reversed(s["errors"][-5:])] or ["  none"]
     return lines
 
 
@@ -290,8 +274,7 @@ def main(argv=None, setups: Callable[[], List[dict]] = lambda: []) -> int:
         if not os.path.exists(path):
             if args.json:
                 print(json.dumps({"session_id": args.session, "socket": path, "status": None, "stale": "no socket"}))
-            print(f"lich-mod-status: no daemon for session {args.session} (no {path})", file=sys.stderr)
-            return 1
+            return _said(f"no daemon for session {args.session} (no {path})")
         found = ask(path)
         if args.json:
             print(json.dumps(found.to_json()))
