@@ -5,14 +5,13 @@
 
 Exit 0 when it could say what each daemon is doing, none included; 1 when
 the SESSION asked for has no daemon that answers, the run folder is
-refused, or the plugin's setup failed. docs/status.md says what it shows,
-where it finds daemons and how long it waits for each.
+refused, or the plugin's setup failed. What it shows: docs/status.md.
 
 A document is printed as the daemon gave it: the daemon made every string
-in it safe as it entered (escaped, cut, the token taken out). One this
-command cannot read is reported on its daemon's row, never a crash that
-hides the others; `--json` is ASCII JSON (json.dumps' default): any locale
-prints it, and a lone surrogate is the escape that reads back as it.
+in it safe as it entered. One this command cannot read is reported on its
+daemon's row, never a crash that hides the others; `--json` is ASCII JSON
+(json.dumps' default): any locale prints it, and a lone surrogate is the
+escape that reads back as it.
 """
 from __future__ import annotations
 
@@ -97,9 +96,6 @@ def sockets(folder: str) -> List[str]:
     return found
 
 
-# -- words for people -------------------------------------------------------
-
-
 def age(seconds: Optional[float], suffix: str = " ago") -> str:
     if seconds is None:
         return "never"
@@ -131,11 +127,6 @@ def counts(status: dict) -> str:
     return " ".join(parts) or "-"
 
 
-def outcome(entry: dict) -> str:
-    text = "ok" if entry["ok"] else f"failed: {entry['error']}"
-    return text if entry["ack"] == "sent" else f"{text} (ack not delivered)"
-
-
 @attrs.frozen
 class Paint:
     """ANSI colour on a terminal, plain text elsewhere (and under NO_COLOR)."""
@@ -152,9 +143,8 @@ class Paint:
 
 
 def table(rows: List[List[str]], paint: Paint, coloured_column: Optional[int] = None, room: int = 0) -> List[str]:
-    """Aligned columns; padding is measured before any colour is added.
-    Given the `room` (columns) to fit in, the widest columns are cut first,
-    and a cell cut ends in `…`."""
+    """Aligned columns cut to fit `room` (see fit), a cut cell ending in `…`;
+    padding is measured before any colour is added."""
     widths = fit([max(len(row[i]) for row in rows) for i in range(len(rows[0]))], room)
     lines = []
     for n, row in enumerate(rows):
@@ -175,8 +165,8 @@ NARROWEST = 4  # a column is never cut narrower than this
 
 
 def fit(widths: List[int], room: int) -> List[int]:
-    """Column widths whose sum, with two spaces between columns, fits in `room` (0: any)."""
-    widths = list(widths)
+    """Column widths whose sum, with two spaces between columns, fits in `room`
+    (0: any): the widest is cut first."""
     while room and sum(widths) + 2 * (len(widths) - 1) > room:
         widest = max(range(len(widths)), key=lambda i: widths[i])
         if widths[widest] <= NARROWEST:
@@ -237,16 +227,19 @@ def detail(f: Found, paint: Paint) -> List[str]:
         ["socket", d.get("socket", f.socket)],
         ["log", d.get("log_file") or "-"],
     ]
-    rows = [["ID", "KIND", "OUTCOME", "TOOK", "WHEN"]]
-    for r in reversed(s["recent"][-10:]):
-        took = "-" if r["took_ms"] is None else f"{r['took_ms']:g} ms"
-        rows.append([r["id"], r["kind"], outcome(r), took, age(r["age_s"])])
+    rows = [["ID", "KIND", "OUTCOME", "TOOK", "WHEN"]] + [recent_row(r) for r in reversed(s["recent"][-10:])]
     lines = [f"{paint(name.ljust(12), 'bold')}{value}" for name, value in fields]
     lines += ["", paint("recent commands", "bold")]
     lines += ["  " + line for line in table(rows, paint)] if s["recent"] else ["  none yet"]
     lines += ["", paint("last errors", "bold")]
     lines += [f"  {age(e['age_s']).ljust(12)}{e['what']}" for e in reversed(s["errors"][-5:])] or ["  none"]
     return lines
+
+
+def recent_row(r: dict) -> List[str]:
+    outcome = "ok" if r["ok"] else f"failed: {r['error']}"
+    took = "-" if r["took_ms"] is None else f"{r['took_ms']:g} ms"
+    return [r["id"], r["kind"], outcome if r["ack"] == "sent" else f"{outcome} (ack not delivered)", took, age(r["age_s"])]
 
 
 def main(argv=None, setups: Callable[[], List[dict]] = lambda: []) -> int:
