@@ -1,13 +1,8 @@
-"""Logging, and the one place that makes text from outside safe to show.
-
-A private rotating file per session has every line; warnings go to stderr
-as well. stdout is the bridge's and never carries a log line.
-
-Text from outside is made safe by a `Redactor`: lich chooses every id, kind
-and reason it sends, and an error text may quote a URL, and so the token.
-The log filter passes every record through it, and the status document
-(activity.py) every string as it enters, so what one hides the other hides
-too.
+"""Logging, and the one place that makes text from outside safe to show:
+lich chooses every id, kind and reason it sends, and an error text may
+quote a URL, and so the token. The log filter and the status document
+(activity.py) both clean through one `Redactor`'s rules, so what one hides
+the other hides too. stdout is the bridge's and never carries a log line.
 """
 from __future__ import annotations
 
@@ -36,9 +31,6 @@ REDACTED = "[token]"
 # What a pipe takes whole or not at all (POSIX); Windows has no such size,
 # and its non-waiting pipe takes what fits: a line cut there counts as dropped.
 ONE_WRITE = getattr(select, "PIPE_BUF", 512)
-
-
-# -- safe text ---------------------------------------------------------------
 
 
 class Redactor:
@@ -78,13 +70,10 @@ class Redactor:
 def escape(text: str, limit: int) -> str:
     """`text` with every character `str.isprintable` refuses written as its
     Python escape (`\\n`, `\\x1b`, `\\u202e`, `\\udc80`), cut to `limit`
-    characters between escapes, never inside one, `…` marking the cut.
-
-    Those are the control characters (a newline starts a forged log line,
-    an ESC drives the terminal lich-mod-status prints on), the invisible and
-    bidirectional ones (U+200B, U+202E, U+FEFF: the Unicode format class),
-    the line and paragraph separators, and lone surrogates (no encoder takes
-    them)."""
+    characters between escapes, never inside one, `…` marking the cut. A
+    newline forges a log line, an ESC drives the terminal lich-mod-status
+    prints on, an invisible or bidirectional mark hides or reorders text,
+    and no encoder takes a lone surrogate."""
     head = text[:limit]  # escaping only lengthens: nothing past it can show
     if head.isprintable():
         return head if len(text) <= limit else head[: limit - 1] + CUT
@@ -119,21 +108,13 @@ class SafeRecords(logging.Filter):
         return True
 
 
-# -- stderr ------------------------------------------------------------------
-
-
 class StderrLines(logging.Handler):
-    """Warnings on stderr, written without ever waiting for room.
-
-    The relay may stop reading the daemon's stderr, and a pipe nobody reads
-    is full at 64 KiB: a blocking write would then hold the thread that logs
-    (the worker, and every later command) and the exit. So the descriptor is
-    made non-blocking (native.nonblocking) and each line goes out in one write of at most
-    PIPE_BUF bytes, which a pipe takes whole or not at all. A line that finds
-    no room is dropped and counted (`dropped`, in the status document); the
-    log file has it anyway. Nothing here logs: a handler that logged its
-    own trouble would take another handler's lock inside its own.
-    """
+    """Warnings on stderr, never waiting for room: a relay that stops reading
+    it must not hold the thread that logs, nor the exit. The descriptor is
+    non-blocking (native.nonblocking) and each line one write a pipe takes
+    whole or not at all; a line that finds no room is dropped and counted
+    (`dropped`): the log file has it. Nothing here logs: a handler that
+    logged its own trouble would take another handler's lock inside its own."""
 
     def __init__(self, fd: int = 2):
         super().__init__()
@@ -163,24 +144,16 @@ def one_write(text: str) -> bytes:
     return data[: ONE_WRITE - len(end)].decode("utf-8", "ignore").encode("utf-8") + end
 
 
-# -- the log file ------------------------------------------------------------
-
-
 class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
     """A rotating log file opened only as a plain file of ours
     (run_folder.open_file), and so 0600 from the first byte, every rotation
-    included.
+    included; anything else at its name at the start raises NotOurs. Later,
+    a line that cannot be written (a full disk, something not ours found at
+    a rotation) is lost, and said once until a write works again, with `say`
+    (one write to stderr): never logging's own traceback, whose blocking
+    write to a stderr nobody reads would hold the thread that logs."""
 
-    At the start anything else at its name raises NotOurs, and the daemon
-    does not start. Later, a line that cannot be written (a full disk, a
-    file size limit, something not ours found at a rotation) is lost, and
-    said once until a write works again, with `say` (one write to stderr, no
-    logging): never logging's own traceback, whose blocking write to a
-    stderr nobody reads would hold the thread that logs. Its state is
-    guarded by the handler's own lock, held around `emit`.
-    """
-
-    _failing = False  # the last write failed; said when one that worked fails
+    _failing = False  # the last write failed (under the handler's lock, held around emit); said when one that worked fails
     _why: Optional[BaseException] = None
 
     def __init__(self, path: str, say=lambda line: None, **kwargs):
@@ -192,8 +165,7 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
         return open(fd, "a", encoding=self.encoding, errors=self.errors)
 
     def shouldRollover(self, record: logging.LogRecord) -> bool:
-        # The open stream's position is the size: no stat, no second
-        # formatting of the record. One line past the limit is allowed.
+        # The stream's position is the size (docs/performance.md); one line past the limit is allowed.
         if self.stream is None:
             self.stream = self._open()
         return self.maxBytes > 0 and self.stream.tell() >= self.maxBytes
@@ -215,9 +187,6 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
             super().close()
         except OSError:
             pass  # its last lines could not be written either: said already, and the daemon is leaving
-
-
-# -- setup -------------------------------------------------------------------
 
 
 class Logs:
