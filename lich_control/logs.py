@@ -66,6 +66,17 @@ class Redactor:
         redacted again, as an escape could spell a token holding a backslash."""
         return self.redact(escape(self.redact(text), limit))
 
+    def filter(self, record: logging.LogRecord) -> bool:
+        """As the log filter (on each handler, before it formats): the message,
+        arguments included, cleaned; a traceback keeps its lines, each cleaned."""
+        record.msg, record.args = self.clean(record.getMessage(), MAX_MESSAGE), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            lines = self.redact(record.exc_text)[:MAX_TRACEBACK].split("\n")
+            record.exc_text = "\n".join(self.clean(line, MAX_MESSAGE) for line in lines)
+        return True
+
 
 def escape(text: str, limit: int) -> str:
     """`text` with every character `str.isprintable` refuses written as its
@@ -89,25 +100,6 @@ def escape(text: str, limit: int) -> str:
     return "".join(kept) + CUT
 
 
-class SafeRecords(logging.Filter):
-    """Makes every record safe to write: the token replaced wherever it
-    appears, its arguments included; the message escaped and cut to
-    `MAX_MESSAGE`. A traceback keeps its own lines, each made safe alike."""
-
-    def __init__(self, redactor: Redactor):
-        super().__init__()
-        self._redactor = redactor
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = self._redactor.clean(record.getMessage(), MAX_MESSAGE), None
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            lines = self._redactor.redact(record.exc_text)[:MAX_TRACEBACK].split("\n")
-            record.exc_text = "\n".join(self._redactor.clean(line, MAX_MESSAGE) for line in lines)
-        return True
-
-
 class StderrLines(logging.Handler):
     """Warnings on stderr, never waiting for room: a relay that stops reading
     it must not hold the thread that logs, nor the exit. The descriptor is
@@ -117,7 +109,7 @@ class StderrLines(logging.Handler):
     logged its own trouble would take another handler's lock inside its own."""
 
     def __init__(self, fd: int = 2):
-        super().__init__()
+        super().__init__(logging.WARNING)
         self._fd = fd
         self.dropped = 0  # written under the handler's lock (logging holds it around emit)
         native.nonblocking(fd)
@@ -153,8 +145,7 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
     (one write to stderr): never logging's own traceback, whose blocking
     write to a stderr nobody reads would hold the thread that logs."""
 
-    _failing = False  # the last write failed (under the handler's lock, held around emit); said when one that worked fails
-    _why: Optional[BaseException] = None
+    _failure: Optional[BaseException] = None  # why the last write failed (under the handler's lock, held around emit)
 
     def __init__(self, path: str, say=lambda line: None, **kwargs):
         self._say = say
@@ -171,16 +162,15 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
         return self.maxBytes > 0 and self.stream.tell() >= self.maxBytes
 
     def emit(self, record: logging.LogRecord) -> None:
-        failing = self._failing
-        self._failing = False
-        super().emit(record)  # a failure comes to handleError, which sets it again
-        if self._failing and not failing:
-            why = errno.errorcode.get(getattr(self._why, "errno", None) or 0) or str(self._why)
+        failing = self._failure is not None
+        self._failure = None
+        super().emit(record)  # a failure comes to handleError, which records it again
+        if self._failure is not None and not failing:
+            why = errno.errorcode.get(getattr(self._failure, "errno", None) or 0) or str(self._failure)
             self._say(f"lich-control: writing the log file {self.baseFilename} failed ({why}): its lines are lost until a write works again")
 
     def handleError(self, record: logging.LogRecord) -> None:
-        self._failing = True
-        self._why = sys.exc_info()[1]
+        self._failure = sys.exc_info()[1]
 
     def close(self) -> None:
         try:
@@ -200,7 +190,6 @@ class Logs:
             print(f"lich-control: LICH_CONTROL_LOG_LEVEL must be one of {', '.join(LEVELS)}; using INFO", file=sys.stderr)
             chosen = "INFO"
         self.stderr = StderrLines()
-        self.stderr.setLevel(logging.WARNING)
         self.stderr.setFormatter(logging.Formatter("lich-control: %(message)s"))
         file = PrivateRotatingFile(log_path, say=self.stderr.put, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8")
         file.setFormatter(logging.Formatter(FORMAT))
@@ -213,9 +202,9 @@ class Logs:
         self._root.setLevel(chosen)
         self._wire.setLevel(logging.WARNING)
         self._root.propagate = self._wire.propagate = False
-        safe = SafeRecords(Redactor(token, bridge_secret))  # on each handler, before it formats the record
+        redactor = Redactor(token, bridge_secret)
         for handler in self._handlers:
-            handler.addFilter(safe)
+            handler.addFilter(redactor)
             self._root.addHandler(handler)
             self._wire.addHandler(handler)
         # Python's own hooks write an uncaught exception to stderr as it is,
