@@ -6,7 +6,9 @@ the other hides too. stdout is the bridge's and never carries a log line.
 """
 from __future__ import annotations
 
+import bisect
 import errno
+import itertools
 import logging
 import logging.handlers
 import os
@@ -89,15 +91,11 @@ def escape(text: str, limit: int) -> str:
     if head.isprintable():
         return head if len(text) <= limit else head[: limit - 1] + CUT
     pieces = [char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in head]
-    if len(text) <= limit and sum(map(len, pieces)) <= limit:
+    ends = list(itertools.accumulate(map(len, pieces)))
+    if len(text) <= limit and ends[-1] <= limit:
         return "".join(pieces)
-    kept, room = [], limit - len(CUT)
-    for piece in pieces:
-        if len(piece) > room:
-            break
-        kept.append(piece)
-        room -= len(piece)
-    return "".join(kept) + CUT
+    # The pieces that end within the limit, with room left for the cut mark.
+    return "".join(pieces[: bisect.bisect_right(ends, limit - len(CUT))]) + CUT
 
 
 class StderrLines(logging.Handler):
