@@ -32,6 +32,9 @@ from .config import ADDRESS, BadConfig, run_dir, session_path
 from .bridge_server import DaemonConnection, read_address
 
 TIMEOUT = 2.0
+NARROWEST = 4  # a column is never cut narrower than this
+# What a document this command cannot read raises as it is formatted.
+READ_FAULTS = (LookupError, TypeError, ValueError, AttributeError)
 
 
 @attrs.frozen
@@ -152,26 +155,19 @@ def table(rows: List[List[str]], paint: Paint, coloured_column: Optional[int] = 
         for i, cell in enumerate(row):
             cell = cell if len(cell) <= widths[i] else cell[: widths[i] - 1] + "…"
             padded = cell.ljust(widths[i]) if i < len(row) - 1 else cell
-            if n == 0:
-                padded = paint(padded, "bold")
-            elif i == coloured_column:
+            if n > 0 and i == coloured_column:
                 padded = padded.replace(cell, paint.state(cell), 1)
             cells.append(padded)
         lines.append("  ".join(cells).rstrip())
+    lines[0] = paint(lines[0], "bold")
     return lines
-
-
-NARROWEST = 4  # a column is never cut narrower than this
 
 
 def fit(widths: List[int], room: int) -> List[int]:
     """Column widths whose sum, with two spaces between columns, fits in `room`
     (0: any): the widest is cut first."""
-    while room and sum(widths) + 2 * (len(widths) - 1) > room:
-        widest = max(range(len(widths)), key=lambda i: widths[i])
-        if widths[widest] <= NARROWEST:
-            break
-        widths[widest] -= 1
+    while room and sum(widths) + 2 * (len(widths) - 1) > room and max(widths) > NARROWEST:
+        widths[widths.index(max(widths))] -= 1
     return widths
 
 
@@ -197,10 +193,6 @@ def summary(s: dict) -> List[str]:
         counts(s),
         age(s["daemon"]["uptime_s"], ""),
     ]
-
-
-# What a document this command cannot read raises as it is formatted.
-READ_FAULTS = (LookupError, TypeError, ValueError, AttributeError)
 
 
 def unreadable(exc: Exception) -> str:
@@ -243,8 +235,7 @@ def recent_row(r: dict) -> List[str]:
 
 
 def main(argv=None, setups: Callable[[], List[dict]] = lambda: []) -> int:
-    """`setups`: what the plugin's setups are doing, {"state": "running" or
-    "failed", "text"} each (bin/lich-mod-status passes hooks/lich_runtime's)."""
+    """`setups`: what the plugin's setups are doing (bin/lich-mod-status passes hooks/lich_launch.setup_states)."""
     parser = argparse.ArgumentParser(prog="lich-mod-status", description="What this user's lich-mod-daemons are doing.")
     parser.add_argument("session", nargs="?", help="show everything about this session's daemon")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
