@@ -61,8 +61,6 @@ class Activity:
         self._recent: "collections.deque[dict]" = collections.deque(maxlen=RECENT)
         self._errors: "collections.deque[dict]" = collections.deque(maxlen=ERRORS)
 
-    # -- the poller ------------------------------------------------------
-
     def poll_sent(self) -> None:
         with self._lock:
             self._last_sent = time.monotonic()
@@ -91,8 +89,6 @@ class Activity:
         reason = self._clean(reason)
         with self._lock:
             self._poll = _poll_state("stopped", reason)
-
-    # -- commands --------------------------------------------------------
 
     def received(self, cid: str, kind: str) -> None:
         entry = {"id": self._clean(cid, ID_LIMIT), "kind": self._clean(kind, ID_LIMIT), "at": time.monotonic(), "waiting_on": "worker"}
@@ -131,8 +127,6 @@ class Activity:
         shown = {"model": self._clean(overrides.model), "effort": self._clean(overrides.effort)}
         with self._lock:
             self._overrides = shown
-
-    # -- the document ----------------------------------------------------
 
     def snapshot(self) -> dict:
         now = time.monotonic()
