@@ -139,10 +139,11 @@ def run(config: Config, parent: Optional[int], host: Optional[str] = None, simul
     turns = Turns()
     socket_path = config.path(ADDRESS)
     listener = listener_at(socket_path)
+    redactor = Redactor(config.token, listener.secret)  # the log's and the status document's alike
     activity = Activity(
         config.session_id, "sim" if simulated else "relay", turns,
         files={"socket": socket_path, "log_file": config.path("log")}, host=host,
-        redactor=Redactor(config.token, listener.secret), stderr_dropped=lambda: logs.stderr.dropped,
+        redactor=redactor, stderr_dropped=lambda: logs.stderr.dropped,
     )
 
     if simulated:
@@ -157,7 +158,7 @@ def run(config: Config, parent: Optional[int], host: Optional[str] = None, simul
     with contextlib.ExitStack() as held:
         try:
             run_folder.ensure(config.run_dir)
-            logs = Logs(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"), listener.secret)
+            logs = Logs(redactor, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
             held.callback(logs.close)
             held.enter_context(run_folder.session_lock(config.path("lock"), config.session_id, lock_wait(os.environ)))
             # Once the lock is ours (one waiting for it dies of a SIGTERM at

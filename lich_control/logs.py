@@ -182,7 +182,7 @@ class Logs:
     `close`, which flushes and stops it. Records are written in the thread
     that logs them: no listener thread (docs/performance.md)."""
 
-    def __init__(self, token: str, level: Optional[str], log_path: str, bridge_secret: Optional[str] = None):
+    def __init__(self, redactor: Redactor, level: Optional[str], log_path: str):
         chosen = (level or "INFO").upper()
         if chosen not in LEVELS:
             print(f"lich-control: LICH_CONTROL_LOG_LEVEL must be one of {', '.join(LEVELS)}; using INFO", file=sys.stderr)
@@ -200,7 +200,6 @@ class Logs:
         self._root.setLevel(chosen)
         self._wire.setLevel(logging.WARNING)
         self._root.propagate = self._wire.propagate = False
-        redactor = Redactor(token, bridge_secret)
         for handler in self._handlers:
             handler.addFilter(redactor)
             self._root.addHandler(handler)
