@@ -111,9 +111,8 @@ def check_folder(path: str, created: bool) -> None:
 
 
 def open_private(path: str, flags: int) -> int:
-    """A descriptor on the plain file of ours at `path`, never through a
-    link, created 0600 if `flags` say so, and made 0600 through the
-    descriptor if an older daemon left it otherwise."""
+    """A descriptor on the plain file of ours at `path`, never through a link,
+    created 0600 if `flags` say so, else made 0600 through the descriptor."""
     try:
         fd = os.open(path, flags | NO_FOLLOW, PRIVATE)
     except OSError as exc:
