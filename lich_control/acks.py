@@ -1,9 +1,8 @@
 """Acks: the one answer lich gets for each command, encoded within its
 limit, and `Acks`, the one place they are sent.
 
-An ack is tried once. One that cannot be sent is dropped and logged (with
-lich's reason when lich refused it), never retried: lich resolves a wait
-with the first ack it gets, and the next command must not wait on this one.
+An ack is tried once; one that cannot be sent is logged, never retried: the
+next command must not wait on it.
 """
 from __future__ import annotations
 
@@ -42,13 +41,9 @@ class Ack:
     answer: Optional[str] = None
 
     def body(self) -> bytes:
-        """The ack as UTF-8 JSON, measured to stay under lich's limit.
-
-        The 16,000-unit cut alone does not bound the bytes (an answer of
-        control characters encodes at six bytes a unit), so a body that is
-        still too large has its free text (the answer, else the error) cut
-        further.
-        """
+        """The ack as UTF-8 JSON under lich's limit: the 16,000-unit cut
+        alone does not bound the bytes (a control character encodes as six),
+        so a body still too large has its free text cut further."""
         doc = {"session_id": self.session_id, "id": self.id, "kind": self.kind, "ok": self.ok}
         if self.error is not None:
             doc["error"] = self.error
@@ -69,9 +64,8 @@ def cut_answer(text: str) -> str:
 
 
 def _shrunk(doc: dict, field: str, text: str) -> bytes:
-    """The body with `doc[field]` cut to the longest prefix (in UTF-16
-    units) that fits: bodies grow with the prefix, so a binary search finds
-    it in about 15 encodings."""
+    """The body with `doc[field]` cut to the longest prefix that fits, by
+    binary search over its UTF-16 units (about 15 encodings)."""
     low, high = 0, min(_utf16_units(text), ANSWER_UNITS)
     while low < high:
         mid = (low + high + 1) // 2
@@ -107,16 +101,12 @@ def _encode(doc: dict) -> bytes:
 
 
 class Acks:
-    """Sends each ack once: `send` in the caller's thread (the worker's, which
-    awaits it), `send_when_done` from the ack thread once a call's Future settles.
-
-    A settled call's ack has a thread of its own, acks going in the order
-    their calls settled, because an ack's POST may take 10 s and the thread
-    that settled the call must not wait so long: it is the socket's, and the
-    relay's results must all be taken (bridge.md: "no result is refused"), or
-    the deadline thread, which keeps the deadline of the abort the worker
-    awaits. The ordered thread and each sending thread's lich client are this object's.
-    """
+    """Sends each ack once: `send` in the caller's thread (the worker's,
+    which awaits it), `send_when_done` from the ack thread once a call's
+    Future settles. That thread exists because a POST may take 10 s, and the
+    thread that settled the call (the socket's, or the deadline thread) must
+    not wait so long. The ordered thread and each sending thread's lich
+    client are this object's."""
 
     def __init__(self, client_factory: Callable[[], LichClient], activity: Activity):
         self._client_factory = client_factory

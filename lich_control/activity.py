@@ -1,14 +1,8 @@
-"""Activity: what the daemon is doing, for `GET /v1/status` and lich-mod-status.
+"""Activity: what the daemon is doing, for `GET /v1/status` (docs/status.md).
 
-Every thread reports here (the poller its polls, the worker and the ack
-senders their commands); one lock guards it all, held only to copy a few
-fields. The document gives ages, not clock readings (but the start's wall
-time, for people).
-
-Every string from outside (ids, lich's refusals, the relay's errors) is
-cleaned once, as it enters, by logs.Redactor, so what leaves is shown as it
-is, by lich-mod-status too. `in_flight` lists the oldest `SHOWN_IN_FLIGHT`:
-a burst of asks may keep a thousand in flight.
+Every thread reports here; one lock guards it all, held only to copy a few
+fields. Every string from outside is cleaned once, as it enters, by
+logs.Redactor, so what leaves is shown as it is, by lich-mod-status too.
 """
 from __future__ import annotations
 
@@ -25,7 +19,8 @@ from .logs import Redactor
 
 RECENT = 20
 ERRORS = 10
-SHOWN_IN_FLIGHT = 50  # the oldest; `in_flight_more` counts the rest
+# A burst of asks may keep a thousand in flight: `in_flight_more` counts past the oldest 50.
+SHOWN_IN_FLIGHT = 50
 ID_LIMIT = 200  # characters of an id or a kind shown
 TEXT_LIMIT = 400  # characters of an error or a reason shown
 
@@ -66,8 +61,6 @@ class Activity:
         self._recent: "collections.deque[dict]" = collections.deque(maxlen=RECENT)
         self._errors: "collections.deque[dict]" = collections.deque(maxlen=ERRORS)
 
-    # -- the poller ------------------------------------------------------
-
     def poll_sent(self) -> None:
         with self._lock:
             self._last_sent = time.monotonic()
@@ -97,10 +90,8 @@ class Activity:
         with self._lock:
             self._poll = _poll_state("stopped", reason)
 
-    # -- commands --------------------------------------------------------
-
     def received(self, cid: str, kind: str) -> None:
-        entry = {"id": self._clean(cid, ID_LIMIT), "kind": self._clean(kind, ID_LIMIT), "since": time.monotonic(), "waiting_on": "worker"}
+        entry = {"id": self._clean(cid, ID_LIMIT), "kind": self._clean(kind, ID_LIMIT), "at": time.monotonic(), "waiting_on": "worker"}
         with self._lock:
             self._in_flight[cid] = entry
 
@@ -123,17 +114,9 @@ class Activity:
             if sent is not None:
                 counts["unsent"] += 1
                 self._note_error(now, f"ack for {shown} ({kind}) not delivered: {sent}")
-            self._recent.append(
-                {
-                    "id": shown,
-                    "kind": kind,
-                    "ok": ok,
-                    "error": error,
-                    "at": now,
-                    "took_ms": None if entry is None else round((now - entry["since"]) * 1000, 1),
-                    "ack": "sent" if sent is None else "dropped",
-                }
-            )
+            took_ms = None if entry is None else round((now - entry["at"]) * 1000, 1)
+            ack = "sent" if sent is None else "dropped"
+            self._recent.append({"id": shown, "kind": kind, "ok": ok, "error": error, "at": now, "took_ms": took_ms, "ack": ack})
 
     def error(self, what: str) -> None:
         what = self._clean(what)
@@ -144,8 +127,6 @@ class Activity:
         shown = {"model": self._clean(overrides.model), "effort": self._clean(overrides.effort)}
         with self._lock:
             self._overrides = shown
-
-    # -- the document ----------------------------------------------------
 
     def snapshot(self) -> dict:
         now = time.monotonic()
@@ -162,10 +143,7 @@ class Activity:
                 "poll": poll,
                 "turn": turn,
                 "overrides": dict(self._overrides),
-                "in_flight": [
-                    {"id": e["id"], "kind": e["kind"], "waiting_on": e["waiting_on"], "age_s": round(now - e["since"], 1)}
-                    for e in itertools.islice(self._in_flight.values(), SHOWN_IN_FLIGHT)
-                ],
+                "in_flight": [_aged(e, now) for e in itertools.islice(self._in_flight.values(), SHOWN_IN_FLIGHT)],
                 "in_flight_more": max(0, len(self._in_flight) - SHOWN_IN_FLIGHT),
                 "counts": {kind: dict(c) for kind, c in self._counts.items()},
                 "recent": [_aged(r, now) for r in self._recent],

@@ -1,12 +1,10 @@
 """The session the worker drives, and the relay as that session (bridge.md, protocol 1).
 
-An engine takes `call(method, args, timeout)` and answers with a Future that
-always settles with a `CallResult` and never raises: with the session's
-answer, with a failure once `timeout` seconds have passed (None: no
-deadline), or with `close`'s reason. The worker reads one shape whatever
-happened. `Bridge` is the relay as that engine: calls go out as JSON lines on
-stdout, results and events come back over the daemon's Unix socket (see
-`bridge_server`). What a result means for lich is the worker's business.
+An engine's `call` answers with a Future that always settles with a
+`CallResult`, never an exception: the session's answer, a failure at the
+deadline, or `close`'s reason. `Bridge` is the relay as that engine: calls
+go out as JSON lines on stdout, results and events come back on the
+daemon's socket (`bridge_server`).
 """
 from __future__ import annotations
 
@@ -59,11 +57,8 @@ class Engine(Protocol):
 
 
 class Turns:
-    """The main loop's running turn, as turn.start and turn.complete tell it.
-
-    Written by whichever thread delivers the session's events, read by the
-    worker when an abort comes; the lock keeps the pair consistent.
-    """
+    """The main loop's running turn, as turn.start and turn.complete tell
+    it: written by the socket's threads, read by the worker for an abort."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -86,18 +81,14 @@ class Turns:
 
 
 class PendingCalls:
-    """The calls waiting for an answer, each settled exactly once.
+    """The calls waiting for an answer, each settled exactly once: the one
+    guard against a second ack. Whichever comes first (the answer, the
+    deadline, `close`) takes the call out of the table and settles it;
+    whatever comes later finds nothing.
 
-    `settle` takes a call out of the table and settles its Future, both
-    under the condition: whichever comes first (the answer, the deadline,
-    `close`) settles it, and whatever comes later finds nothing, is ignored,
-    and the call is forgotten. That is the one guard against a second ack.
-
-    One thread keeps every deadline, started with the first: it sleeps until
-    the earliest falls, and for good while none is pending. A call added
-    with a later deadline never wakes it; one answered wakes it only when it
-    held the earliest, so it sleeps until the next. The table, the deadlines
-    and the thread are this object's; the condition guards them.
+    One thread keeps every deadline, started with the first, asleep until
+    the earliest falls; it is woken only when that one changes. The table,
+    the deadlines and the thread are this object's; the condition guards them.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
@@ -162,8 +153,7 @@ class PendingCalls:
             if due is None:
                 return  # closed
             call_id, error = due
-            # No catch-all: settle raises nothing, and a Future logs what its
-            # done-callbacks raise.
+            # No catch-all: a Future logs what its done-callbacks raise.
             if self.settle(call_id, CallResult.failed(error)):
                 log.warning("%s: %s", call_id, error)
 
@@ -189,12 +179,9 @@ class BadMessage(Exception):
 
 
 class Bridge:
-    """The relay as the engine. Any thread may call.
-
-    The pending calls are `PendingCalls`'; a lock guards stdout, held while a
-    line is written: a relay that stops reading stdout blocks that writer,
-    never `close`, a result, or a call's deadline.
-    """
+    """The relay as the engine; any thread may call. A lock guards stdout
+    alone: a relay that stops reading it blocks the writer, never `close`,
+    a result, or a call's deadline."""
 
     def __init__(self, out: BinaryIO, turns: Turns, on_broken: Callable[[str], None]):
         self._out = out

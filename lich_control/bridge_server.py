@@ -1,14 +1,9 @@
 """The daemon's socket: HTTP/1.1 for the relay's results and events, and
-status, on `socketserver` and `http.server`; and `DaemonConnection`, the
-`http.client` connection every tool and test reaches a daemon with.
-
-The one server listens on a Unix socket, 0600, or where there are none
-(Windows) on loopback TCP behind a per-daemon secret: `listener_at` chooses.
-A request's own cost is bounded: a body over `MAX_BODY` is refused unread,
-one of more than `json_reader.MAX_VALUES` values before anything is built,
-and a connection idle `idle_seconds` ends, with its thread. Any local
-program can connect to the loopback port, so there what a connection costs
-before it shows the secret is bounded too (`LoopbackListener`).
+status, on `socketserver` and `http.server`, on a Unix socket, 0600, or where
+there are none (Windows) on loopback TCP behind a per-daemon secret; and
+`DaemonConnection`, the `http.client` connection every tool and test reaches
+a daemon with. What bounds a request and a connection, and why:
+docs/architecture.md, "What carries HTTP, and why".
 """
 from __future__ import annotations
 
@@ -40,8 +35,6 @@ log = logging.getLogger("lich_control.socket")
 BACKLOG = 512
 MAX_BODY = 16 * 1024 * 1024
 IDLE_SECONDS = 60.0
-# A request line and a header line are bounded by http.server (64 KiB) and
-# the number of header lines by http.client (100): both answer 414 or 431.
 ROUTES = ("/v1/result", "/v1/event", "/v1/status")
 SECRET_HEADER = "X-Lich-Control-Secret"
 # The loopback listener's, for a connection that has not shown the secret:
@@ -51,11 +44,13 @@ HEAD_SECONDS = 10.0
 HEAD_BYTES = 16 * 1024
 
 
+@attrs.frozen
 class Routes:
     """What the socket serves; each sink raises bridge.BadMessage with a reason for a body of the wrong shape."""
 
-    def __init__(self, result: Callable[[Any], None], event: Callable[[Any], None], status: Callable[[], dict]):
-        self.result, self.event, self.status = result, event, status
+    result: Callable[[Any], None]
+    event: Callable[[Any], None]
+    status: Callable[[], dict]
 
 
 class UnixListener:
@@ -95,7 +90,7 @@ class UnixListener:
             now = os.lstat(self.path)
         except FileNotFoundError:
             return True
-        return (now.st_dev, now.st_ino) != (self._bound.st_dev, self._bound.st_ino)
+        return not os.path.samestat(now, self._bound)
 
     def close(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -117,20 +112,12 @@ class UnixListener:
 class LoopbackListener:
     """The bridge on 127.0.0.1 at a port of the system's choosing, where
     there are no Unix sockets (Windows): every request must carry the
-    per-daemon `secret` in SECRET_HEADER. The hello gives port and secret to
-    the relay; the address file at `path` (in the private run folder,
-    created exclusively, removed at the exit) gives them to lich-mod-status.
-    It holds the bridge's secret, never lich's token.
-
-    Any local program, another user's too, can connect here, so what one
-    without the secret costs is bounded: at most `connections` are served at
-    once (one more is closed as it is accepted: no thread, nothing read),
-    and until a connection's first request has shown the secret, that
-    request's head must be whole within `head_seconds` of the accept and
-    `head_bytes` (the connection is closed unanswered otherwise). A program
-    holding every slot keeps the relay's posts out only as long as it keeps
-    reconnecting; the cost to the daemon stays `connections` threads and
-    heads."""
+    per-daemon `secret` in SECRET_HEADER, which the hello gives the relay and
+    the address file at `path` lich-mod-status (the bridge's secret, never
+    lich's token). Any local program can connect here, so until a
+    connection's first request shows the secret, what it costs is bounded by
+    `connections`, `head_seconds` and `head_bytes` (docs/architecture.md,
+    "What carries HTTP, and why", says how far)."""
 
     family = socket.AF_INET
     server_address = ("127.0.0.1", 0)
@@ -166,9 +153,8 @@ class LoopbackListener:
             os.unlink(self.path)
 
     def accepted(self, sock: socket.socket) -> "BoundedSocket":
-        """`sock` as its handler reads it: its first request's head by the
-        deadline and within the budget, both lifted once it shows the secret
-        (`_Handler._answer`)."""
+        """`sock`, its first request's head held to the deadline and the budget
+        until it shows the secret (`_Handler._answer` lifts both)."""
         sock = BoundedSocket.taking_over(sock)
         sock.deadline = time.monotonic() + self.head_seconds
         sock.budget = self.head_bytes
@@ -194,10 +180,9 @@ def listener_at(path: str):
 
 
 class BridgeServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
-    """The bridge's HTTP server on `listener` (the only difference between
-    the platforms): `listen` (or `with`) binds it and starts accepting on a
-    thread of its own, each connection served by a thread of its own;
-    `close` ends both."""
+    """The bridge's HTTP server on `listener`, the only difference between the
+    platforms: `listen` (or `with`) binds it and starts a thread accepting,
+    each connection served by a thread of its own; `close` ends both."""
 
     daemon_threads = True  # a connection's thread never holds the exit
     block_on_close = False
@@ -295,8 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
         raise AttributeError(name)
 
     def _respond(self) -> None:
-        """The connection's one catch-all: a bug answers 500, and the
-        connection lives on for the next request."""
+        """The connection's one catch-all: a bug answers 500, and the server goes on."""
         route = self.path.split("?", 1)[0]
         try:
             status, body = self._answer(route)
@@ -324,9 +308,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "POST" or sink is None:
             self.close_connection = True  # no relay asks this: a body it may carry is left unread
             return (405, b"method not allowed\n") if route in ROUTES else (404, b"no such path\n")
-        length = self.headers.get("Content-Length")
-        # Chunked, or not a number ("²" is a digit to isdigit, not to int).
-        if length is None or "Transfer-Encoding" in self.headers or not (length.isascii() and length.isdigit()):
+        length = self.headers.get("Content-Length", "")
+        # None, chunked, or not a number ("²" is a digit to isdigit, not to int).
+        if "Transfer-Encoding" in self.headers or not (length.isascii() and length.isdigit()):
             self.close_connection = True
             return 411, b"a Content-Length is required\n"
         length = int(length)
@@ -341,9 +325,7 @@ class _Handler(BaseHTTPRequestHandler):
             doc = loads(body)  # the poll's reader: the same bound on the values it builds
         except TooMany as exc:
             return 400, f"{exc}\n".encode()
-        except (ValueError, RecursionError):
-            # ValueError: not JSON, or not UTF-8; nesting deeper than the
-            # interpreter's stack is a RecursionError.
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the stack
             return 400, b"the body is not JSON\n"
         del body
         try:
@@ -407,9 +389,8 @@ def read_address(path: str) -> Address:
 
 class DaemonConnection(http.client.HTTPConnection):
     """An `http.client` connection to a daemon's bridge at `address`, kept
-    alive between requests: `connect` dials it, the library does the rest.
-    `timeout` bounds each exchange whole, not each read: a socket answering
-    a byte at a time holds its client no longer."""
+    alive between requests. `timeout` bounds each exchange whole, not each
+    read: a socket answering a byte at a time holds its client no longer."""
 
     def __init__(self, address: Address, timeout: float = 10.0):
         super().__init__("127.0.0.1", address.port, timeout=timeout)
@@ -446,14 +427,10 @@ class DaemonConnection(http.client.HTTPConnection):
 class BoundedSocket(socket.socket):
     """A socket whose every read and write ends by `deadline`
     (time.monotonic), and whose reads take at most `budget` bytes in all
-    (None: not bounded). A call waits no longer than the timeout last set,
-    or than what is left until the deadline if that is shorter, and raises
-    socket.timeout once nothing is left; a read past the budget raises
-    ConnectionAbortedError, so the reader never holds more. http.client
-    reads through `recv_into` (a file made on the socket calls it too) and
-    writes through `sendall`. The one deadline socket: the bridge's
-    connections, a client's of a daemon, and the lich client's
-    (lich.LoopbackAdapter)."""
+    (None: not bounded), so a peer trickling bytes cannot hold a reader, nor
+    grow its buffer. http.client reads through `recv_into` (a file made on
+    the socket calls it too) and writes through `sendall`. The one deadline
+    socket: the bridge's connections, a client's of a daemon, and lich's."""
 
     deadline: Optional[float] = None
     budget: Optional[int] = None
@@ -495,4 +472,4 @@ class BoundedSocket(socket.socket):
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise socket.timeout("the deadline passed")
-            super().settimeout(left if self._timeout is None or left < self._timeout else self._timeout)
+            super().settimeout(left if self._timeout is None else min(left, self._timeout))

@@ -1,14 +1,13 @@
 """Each command of a poll answer, checked once where it arrives
 (`Command.from_json`), with the texts the worker and the asks make of them.
 
-`Command.from_json` never raises for an item: one lich gave an id becomes a
-`Command` (with `problem` set when it cannot be applied, which is then the
-ack's error), and one with no id is None, which the poller counts, since
-there is nothing to ack it under.
+`from_json` never raises: an item with an id becomes a `Command` (`problem`
+set, and acked as its error, when it cannot be applied); one without is
+None, as there is nothing to ack it under.
 """
 from __future__ import annotations
 
-from html import escape
+from html import escape  # http.server loads html already: no import of its own at the start
 from typing import Any, Optional
 
 import attrs
@@ -79,12 +78,8 @@ class Command:
 
 def notification_text(text: str, note: Notification) -> str:
     """The prompt as Claude Code words a background agent's completion.
-
-    Status and summary are escaped (&, < and >, as XML wants them; `html`
-    is loaded for the socket already, where xml.sax would be one more
-    package at the start), since Claude Code decodes them for its one dim
-    line; the text is not, since the model reads it as written.
-    """
+    Status and summary are XML-escaped, as Claude Code decodes them for its
+    one dim line; the text is not, since the model reads it as written."""
     return (
         "<task-notification>\n"
         f"<status>{escape(note.status, quote=False)}</status>\n"

@@ -15,8 +15,7 @@ import attrs
 from .system import native
 
 VARIABLES = ("LICH_PORT", "LICH_TOKEN", "LICH_SESSION_ID")
-# The suffix of the daemon's address in the run folder: the socket itself,
-# or where there are none (Windows) a file naming its port and secret.
+# The suffix of the daemon's address: its socket, or (Windows) a file naming port and secret.
 ADDRESS = native.ADDRESS
 # sockaddr_un.sun_path is 108 bytes on Linux, 104 on macOS; keep under both.
 MAX_SOCKET_PATH = 100
@@ -111,9 +110,8 @@ def lock_wait(env: Mapping[str, str], default: float = 5.0) -> float:
 
 def expected_parent(env: Mapping[str, str], started_by: Optional[int]) -> Optional[int]:
     """The pid the daemon's parent must have: LICH_CONTROL_PARENT_PID when
-    the spawner names itself (then a parent that died before the daemon ran
-    a line is seen), else the parent found as the daemon began (None on
-    Windows, where it is not asked: no parent is then watched)."""
+    the spawner names itself (so a parent that died before the daemon ran a
+    line is seen), else `started_by` (None on Windows: no parent watched)."""
     raw = env.get("LICH_CONTROL_PARENT_PID")
     if not raw:
         return started_by

@@ -1,13 +1,8 @@
 """The daemon: the gate, the threads wired together, and the way out.
 
-    python -m lich_control [--host claude-code|opencode]
-
-`python -m lich_control` (__main__.py) does the start-up work that comes
-before these imports, then calls `main`. A tool that simulates a session
-runs the same daemon with its own engine: `main(simulated=factory)` (the
-checkout's `python -m lich_dev.sim`). The daemon imports no tool.
-
-The threads and what each owns: docs/architecture.md.
+`python -m lich_control` (__main__.py) calls `main`; a tool that simulates
+a session passes its own engine (`main(simulated=factory)`). The threads and
+what each owns: docs/architecture.md.
 """
 import argparse
 import contextlib
@@ -34,13 +29,11 @@ from .worker import Asks, Worker
 
 log = logging.getLogger("lich_control.daemon")
 
-# How long an ack already on its way may take to finish at shutdown: short,
-# so a daemon whose session is gone exits well within 2 s.
+# What the work under way may take at shutdown: short, so the daemon exits
+# well within the 2 s the relay is promised.
 STOP_GRACE = 1.0
-# The last resort, armed as shutdown begins (native.arm_exit_deadline):
-# whatever still holds the process then (a write to a pipe nobody reads, a
-# lock, C code keeping the interpreter) is ended this many seconds later,
-# inside the 2 s the relay is promised. Whatever is not written by then is dropped.
+# The last resort, armed as shutdown begins: whatever still holds the process
+# then (a write to a pipe nobody reads, C code keeping the interpreter) is cut.
 EXIT_DEADLINE = 1.8
 REFUSED = 2  # the relay does not restart a daemon that exits with it (bridge.md)
 # Another daemon still holds the session's lock: the relay starts this one
@@ -56,10 +49,9 @@ class Daemon:
         self.engine = engine
         self._started = False
         # The main thread sleeps in select() on this socket pair, never on a
-        # lock: a signal that lands just before a lock wait begins runs its
-        # handler only once the wait ends, which is never. The interpreter
-        # writes each signal's number here (set_wakeup_fd), request_stop a
-        # byte. Sockets, not a pipe: Windows selects and wakes on sockets only.
+        # lock, whose wait a signal's handler could not interrupt. The
+        # interpreter writes each signal here (set_wakeup_fd), request_stop a
+        # byte. Sockets, not a pipe: Windows selects on sockets only.
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         self.wake_fd = self._wake_w.fileno()
@@ -71,8 +63,7 @@ class Daemon:
         self.poller = Poller(LichClient(config), self.worker.submit, self.asks.submit, activity, on_crash=self.crashed)
 
     def start(self) -> None:
-        """Start polling, unless a stop was asked for already (the relay
-        gone at the hello, a signal, the parent found gone)."""
+        """Start polling, unless a stop was asked for already."""
         if self.stop_reason is not None:
             return
         self._started = True
@@ -80,8 +71,7 @@ class Daemon:
         log.info("polling lich on port %d for session %s", self.config.port, self.config.session_id)
 
     def request_stop(self, reason: str) -> None:
-        """Any thread, or a signal handler: record why, and wake the main
-        thread, which does the stopping."""
+        """Any thread, or a signal handler: record why, and wake the main thread, which stops."""
         if self.stop_reason is None:
             self.stop_reason = reason
         try:
@@ -90,18 +80,16 @@ class Daemon:
             pass  # full of wake-ups already
 
     def wait(self) -> None:
-        """The main thread's sleep until a stop is asked for; a signal's
-        handler runs as select returns."""
+        """The main thread's sleep until a stop is asked for."""
         while self.stop_reason is None:
             select.select([self._wake_r], [], [])
             self._wake_r.recv(512)
 
     def shutdown(self, grace: float = STOP_GRACE) -> None:
-        """Stop polling first (a parked poll is cut, never left to take
-        commands nobody will apply), and start nothing new; then fail every
-        call still waiting on the session, so that its command is acked with
-        why, and let the work under way finish within `grace`. A thread
-        that overran it is said in the log. Threads never started are left alone."""
+        """The one way down: stop polling (a parked poll is cut), start
+        nothing new, fail every call still waiting on the session so that its
+        command is acked with why, and let the work under way finish within
+        `grace`; a thread that overran it is named in the log."""
         log.info("stopping: %s", self.stop_reason)
         deadline = time.monotonic() + grace  # one budget for all, so the exit stays within 2 s
 
@@ -111,12 +99,9 @@ class Daemon:
 
         if self._started:
             within_grace("the poller", self.poller.stop)
-            # From here nothing new starts: what is still queued is acked
-            # as never applied, in the grace.
+            # What is still queued is acked as never applied, in the grace.
             self.worker.stop(0, self.stop_reason)
             self.asks.stop(0, self.stop_reason)
-        # Every call still waiting on the session fails now, so that its
-        # command is acked with why (the acks thread sends it in the grace).
         self.engine.close(f"the daemon stopped before the session answered ({self.stop_reason})")
         if self._started:
             for name, stop in (("the worker", self.worker.stop), ("the asks", self.asks.stop), ("the acks", self.acks.stop)):
@@ -130,9 +115,8 @@ class Daemon:
 
 
 def main(argv=None, simulated=None, started_by: Optional[int] = None) -> int:
-    """`simulated`, given by a tool: a factory `(turns) -> engine` that
-    stands in for the relay (no hello, nothing on stdout). `started_by`: the
-    parent's pid as __main__ read it before the imports; asked now if not given."""
+    """`simulated`: a tool's factory `(turns) -> engine` standing in for the
+    relay (no hello). `started_by`: the parent's pid as __main__ read it."""
     native.unblock()
     parser = argparse.ArgumentParser(prog="lich-mod-daemon", description="The lich mod-control client for one session.")
     # Only recorded, for the status document: the bridge is the same in both.
@@ -150,16 +134,16 @@ def main(argv=None, simulated=None, started_by: Optional[int] = None) -> int:
 
 
 def run(config: Config, parent: Optional[int], host: Optional[str] = None, simulated=None) -> int:
-    """The daemon's one way through: what it opens is closed by the
-    ExitStack in the reverse order, however it ends; every refusal is one
-    line and exit 2."""
+    """The daemon's one way through: what it opens, the ExitStack closes
+    however it ends; a refusal is one line and exit 2 (75: the lock is held)."""
     turns = Turns()
     socket_path = config.path(ADDRESS)
     listener = listener_at(socket_path)
+    redactor = Redactor(config.token, listener.secret)  # the log's and the status document's alike
     activity = Activity(
         config.session_id, "sim" if simulated else "relay", turns,
         files={"socket": socket_path, "log_file": config.path("log")}, host=host,
-        redactor=Redactor(config.token, listener.secret), stderr_dropped=lambda: logs.stderr.dropped,
+        redactor=redactor, stderr_dropped=lambda: logs.stderr.dropped,
     )
 
     if simulated:
@@ -174,12 +158,11 @@ def run(config: Config, parent: Optional[int], host: Optional[str] = None, simul
     with contextlib.ExitStack() as held:
         try:
             run_folder.ensure(config.run_dir)
-            logs = Logs(config.token, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"), listener.secret)
+            logs = Logs(redactor, os.environ.get("LICH_CONTROL_LOG_LEVEL"), config.path("log"))
             held.callback(logs.close)
             held.enter_context(run_folder.session_lock(config.path("lock"), config.session_id, lock_wait(os.environ)))
-            # Once the lock is ours (a daemon waiting for it still dies of
-            # a SIGTERM at once), before the socket: from here a signal only
-            # records a stop, and the way out below takes it.
+            # Once the lock is ours (one waiting for it dies of a SIGTERM at
+            # once): from here a signal only records a stop.
             catch_signals(daemon)
             server = held.enter_context(BridgeServer(listener, routes))
         except BadConfig as exc:
@@ -202,8 +185,7 @@ def run(config: Config, parent: Optional[int], host: Optional[str] = None, simul
 
 
 def catch_signals(daemon: Daemon) -> None:
-    """Each of our signals only records why the daemon stops, and wakes the
-    main thread (the parent's death signal too: native.Lifeline)."""
+    """Each of our signals only records why the daemon stops, and wakes the main thread."""
     signal.set_wakeup_fd(daemon.wake_fd, warn_on_full_buffer=False)
     for sig in native.STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: daemon.request_stop(f"got {signal.Signals(signum).name}"))

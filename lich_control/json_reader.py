@@ -26,26 +26,19 @@ def _int_or_inf(digits: str) -> Any:
         return float(digits)
 
 
-_DECODER = json.JSONDecoder(parse_int=_int_or_inf)
-
-
 def loads(body: bytes) -> Any:
-    """One JSON document from outside the daemon, read as json.loads reads
-    bytes (UTF-8, -16 or -32, as RFC 8259 allows), but for two things: an
+    """One document, read as json.loads reads bytes but for two things: an
     integer of more than 4,300 digits, which Python refuses the whole document
-    for, reads as infinity (a number: any field that wants a string refuses
-    it, so it costs its command alone); and a document that would build more
-    than MAX_VALUES values is refused (TooMany) before anything is built.
-    Raises ValueError (not JSON, not in a Unicode encoding) or RecursionError
-    (nested deeper than the interpreter's stack)."""
+    for, reads as infinity; and one of more than MAX_VALUES values is refused
+    (TooMany) before anything is built. Else ValueError (not JSON, or not in a
+    Unicode encoding) or RecursionError (nested deeper than the stack)."""
     text = body.decode(json.detect_encoding(body), "surrogatepass")
     if count_values(text) > MAX_VALUES:
         raise TooMany(f"the body holds more than {MAX_VALUES:,} JSON values")
-    return _DECODER.decode(text)
+    return json.loads(text, parse_int=_int_or_inf)
 
 
 def count_values(text: str) -> int:
-    """The brackets and commas of a JSON text, its strings left out: one
-    pass of the regular expression engine, then five counts."""
+    """The brackets and commas of a JSON text, its strings left out."""
     bare = _STRING.sub("", text)
     return sum(map(bare.count, "[]{},"))

@@ -1,11 +1,8 @@
 """LichClient: the two HTTP exchanges with lich, a poll and an ack, on
-`requests`, each with a total deadline, its answer bounded, and the owner
-of lich's port checked (docs/architecture.md, "To lich", says why each way).
-
-Each client is used by one thread; `abandon` is the one call another thread
-may make. A failed exchange leaves as PollFailed or AckFailed, worded from
-the classes of the exceptions `requests` and urllib3 raise (their texts hold
-the URL, and so the token), raised from the original.
+`requests`, each with a total deadline, its answer bounded, the owner of
+lich's port checked, and a failure worded from the exception's classes, never
+its text, which holds the token (docs/architecture.md, "To lich", says why).
+Each client is used by one thread; `abandon` is the one call another may make.
 """
 from __future__ import annotations
 
@@ -117,8 +114,7 @@ class LichClient:
 
     def abandon(self) -> None:
         """Cut any request in flight from another thread (a parked poll at
-        shutdown): lich sees the client gone and hands a held poll nothing,
-        and an answer it wrote in that instant is still read whole."""
+        shutdown): LoopbackAdapter.abandon says how, and why our half only."""
         self._adapter.abandon()
 
     def close(self) -> None:
@@ -126,22 +122,19 @@ class LichClient:
 
     def _exchange(self, request: requests.PreparedRequest, seconds: float, limit: int, failed: type) -> Tuple[int, str, bytes]:
         """(status, reason, body) of one request, or `failed` with a phrase, within
-        `seconds` (LoopbackAdapter.deadline). Sent once: one that failed may have reached
+        `seconds` (LoopbackAdapter.set_deadline). Sent once: one that failed may have reached
         lich, and a poll or an ack must not be taken twice."""
-        self._adapter.deadline = time.monotonic() + seconds
+        self._adapter.set_deadline(time.monotonic() + seconds)
         try:
             timeout = (min(CONNECT_TIMEOUT, seconds), seconds)
-            response = self._adapter.send(request, stream=True, timeout=timeout)
-            try:
-                body = _read_capped(response, limit)
-            finally:
-                response.close()  # a body left unread closes the connection, never reuses it
+            with self._adapter.send(request, stream=True, timeout=timeout) as response:
+                body = _read_capped(response, limit)  # a body left unread closes the connection, never reuses it
         except _WIRE_ERRORS as exc:
             phrase = _phrase(exc, self._port, seconds)
             log.debug("%s %s failed: %s", request.method, request.path_url.partition("?")[0], phrase, exc_info=True)
             raise failed(phrase) from exc
         finally:
-            self._adapter.deadline = None
+            self._adapter.set_deadline(None)
         if body is None:
             size = f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit // 1024} KiB"
             raise failed(f"lich's answer is over {size}")
@@ -220,20 +213,11 @@ def _read_capped(response: requests.Response, limit: int) -> Optional[bytes]:
 class LoopbackAdapter(HTTPAdapter):
     """One kept-alive connection, no retries (the default, kept), whose
     connections check the listener's owner before the token goes out, keep
-    each exchange to `deadline` (every read and write of its socket, a
-    bridge_server.BoundedSocket), and can be cut by `abandon`.
-
-    `deadline` (time.monotonic) is set by the one thread using the client,
-    None between exchanges; the socket list is shared with `abandon`'s
-    thread, under the lock.
-
-    Why a deadline on the socket: urllib3's read timeout bounds each read
-    alone, so a lich sending a byte every second (a status line, a header
-    line that never ends, `100 Continue` again and again, a body) would hold
-    an exchange open for ever. http.client reads all of those through
-    `recv_into`, and the request goes out through `sendall`: the socket
-    bounds both, raising socket.timeout once the deadline has passed, which
-    urllib3 and requests then report as a read timeout."""
+    each exchange to its deadline on every read and write of their socket, a
+    bridge_server.BoundedSocket (urllib3's read timeout bounds each read
+    alone: a byte a second would hold an exchange for ever), and can be cut by
+    `abandon` from another thread, which shares the socket list under the
+    lock. docs/architecture.md, "To lich", says why each."""
 
     def __init__(self, uid: Union[int, str, None]):
         self.uid = uid
@@ -248,12 +232,8 @@ class LoopbackAdapter(HTTPAdapter):
         # The pool hands its extra keywords to each connection it makes.
         self.poolmanager.pool_classes_by_scheme = {"http": functools.partial(_Pool, adapter=self)}
 
-    @property
-    def deadline(self) -> Optional[float]:
-        return self._deadline
-
-    @deadline.setter
-    def deadline(self, at: Optional[float]) -> None:
+    def set_deadline(self, at: Optional[float]) -> None:
+        """Every read and write ends by `at` (time.monotonic; None between exchanges), set by the client's thread."""
         self._deadline = at
         with self._lock:
             for sock in self._sockets:

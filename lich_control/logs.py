@@ -1,17 +1,14 @@
-"""Logging, and the one place that makes text from outside safe to show.
-
-A private rotating file per session has every line; warnings go to stderr
-as well. stdout is the bridge's and never carries a log line.
-
-Text from outside is made safe by a `Redactor`: lich chooses every id, kind
-and reason it sends, and an error text may quote a URL, and so the token.
-The log filter passes every record through it, and the status document
-(activity.py) every string as it enters, so what one hides the other hides
-too.
+"""Logging, and the one place that makes text from outside safe to show:
+lich chooses every id, kind and reason it sends, and an error text may
+quote a URL, and so the token. The log filter and the status document
+(activity.py) both clean through one `Redactor`'s rules, so what one hides
+the other hides too. stdout is the bridge's and never carries a log line.
 """
 from __future__ import annotations
 
+import bisect
 import errno
+import itertools
 import logging
 import logging.handlers
 import os
@@ -36,9 +33,6 @@ REDACTED = "[token]"
 # What a pipe takes whole or not at all (POSIX); Windows has no such size,
 # and its non-waiting pipe takes what fits: a line cut there counts as dropped.
 ONE_WRITE = getattr(select, "PIPE_BUF", 512)
-
-
-# -- safe text ---------------------------------------------------------------
 
 
 class Redactor:
@@ -74,69 +68,46 @@ class Redactor:
         redacted again, as an escape could spell a token holding a backslash."""
         return self.redact(escape(self.redact(text), limit))
 
+    def filter(self, record: logging.LogRecord) -> bool:
+        """As the log filter (on each handler, before it formats): the message,
+        arguments included, cleaned; a traceback keeps its lines, each cleaned."""
+        record.msg, record.args = self.clean(record.getMessage(), MAX_MESSAGE), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            lines = self.redact(record.exc_text)[:MAX_TRACEBACK].split("\n")
+            record.exc_text = "\n".join(self.clean(line, MAX_MESSAGE) for line in lines)
+        return True
+
 
 def escape(text: str, limit: int) -> str:
     """`text` with every character `str.isprintable` refuses written as its
     Python escape (`\\n`, `\\x1b`, `\\u202e`, `\\udc80`), cut to `limit`
-    characters between escapes, never inside one, `…` marking the cut.
-
-    Those are the control characters (a newline starts a forged log line,
-    an ESC drives the terminal lich-mod-status prints on), the invisible and
-    bidirectional ones (U+200B, U+202E, U+FEFF: the Unicode format class),
-    the line and paragraph separators, and lone surrogates (no encoder takes
-    them)."""
+    characters between escapes, never inside one, `…` marking the cut. A
+    newline forges a log line, an ESC drives the terminal lich-mod-status
+    prints on, an invisible or bidirectional mark hides or reorders text,
+    and no encoder takes a lone surrogate."""
     head = text[:limit]  # escaping only lengthens: nothing past it can show
     if head.isprintable():
         return head if len(text) <= limit else head[: limit - 1] + CUT
     pieces = [char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in head]
-    if len(text) <= limit and sum(map(len, pieces)) <= limit:
+    ends = list(itertools.accumulate(map(len, pieces)))
+    if len(text) <= limit and ends[-1] <= limit:
         return "".join(pieces)
-    kept, room = [], limit - len(CUT)
-    for piece in pieces:
-        if len(piece) > room:
-            break
-        kept.append(piece)
-        room -= len(piece)
-    return "".join(kept) + CUT
-
-
-class SafeRecords(logging.Filter):
-    """Makes every record safe to write: the token replaced wherever it
-    appears, its arguments included; the message escaped and cut to
-    `MAX_MESSAGE`. A traceback keeps its own lines, each made safe alike."""
-
-    def __init__(self, redactor: Redactor):
-        super().__init__()
-        self._redactor = redactor
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = self._redactor.clean(record.getMessage(), MAX_MESSAGE), None
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            lines = self._redactor.redact(record.exc_text)[:MAX_TRACEBACK].split("\n")
-            record.exc_text = "\n".join(self._redactor.clean(line, MAX_MESSAGE) for line in lines)
-        return True
-
-
-# -- stderr ------------------------------------------------------------------
+    # The pieces that end within the limit, with room left for the cut mark.
+    return "".join(pieces[: bisect.bisect_right(ends, limit - len(CUT))]) + CUT
 
 
 class StderrLines(logging.Handler):
-    """Warnings on stderr, written without ever waiting for room.
-
-    The relay may stop reading the daemon's stderr, and a pipe nobody reads
-    is full at 64 KiB: a blocking write would then hold the thread that logs
-    (the worker, and every later command) and the exit. So the descriptor is
-    made non-blocking (native.nonblocking) and each line goes out in one write of at most
-    PIPE_BUF bytes, which a pipe takes whole or not at all. A line that finds
-    no room is dropped and counted (`dropped`, in the status document); the
-    log file has it anyway. Nothing here logs: a handler that logged its
-    own trouble would take another handler's lock inside its own.
-    """
+    """Warnings on stderr, never waiting for room: a relay that stops reading
+    it must not hold the thread that logs, nor the exit. The descriptor is
+    non-blocking (native.nonblocking) and each line one write a pipe takes
+    whole or not at all; a line that finds no room is dropped and counted
+    (`dropped`): the log file has it. Nothing here logs: a handler that
+    logged its own trouble would take another handler's lock inside its own."""
 
     def __init__(self, fd: int = 2):
-        super().__init__()
+        super().__init__(logging.WARNING)
         self._fd = fd
         self.dropped = 0  # written under the handler's lock (logging holds it around emit)
         native.nonblocking(fd)
@@ -163,25 +134,16 @@ def one_write(text: str) -> bytes:
     return data[: ONE_WRITE - len(end)].decode("utf-8", "ignore").encode("utf-8") + end
 
 
-# -- the log file ------------------------------------------------------------
-
-
 class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
     """A rotating log file opened only as a plain file of ours
     (run_folder.open_file), and so 0600 from the first byte, every rotation
-    included.
+    included; anything else at its name at the start raises NotOurs. Later,
+    a line that cannot be written (a full disk, something not ours found at
+    a rotation) is lost, and said once until a write works again, with `say`
+    (one write to stderr): never logging's own traceback, whose blocking
+    write to a stderr nobody reads would hold the thread that logs."""
 
-    At the start anything else at its name raises NotOurs, and the daemon
-    does not start. Later, a line that cannot be written (a full disk, a
-    file size limit, something not ours found at a rotation) is lost, and
-    said once until a write works again, with `say` (one write to stderr, no
-    logging): never logging's own traceback, whose blocking write to a
-    stderr nobody reads would hold the thread that logs. Its state is
-    guarded by the handler's own lock, held around `emit`.
-    """
-
-    _failing = False  # the last write failed; said when one that worked fails
-    _why: Optional[BaseException] = None
+    _failure: Optional[BaseException] = None  # why the last write failed (under the handler's lock, held around emit)
 
     def __init__(self, path: str, say=lambda line: None, **kwargs):
         self._say = say
@@ -192,23 +154,21 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
         return open(fd, "a", encoding=self.encoding, errors=self.errors)
 
     def shouldRollover(self, record: logging.LogRecord) -> bool:
-        # The open stream's position is the size: no stat, no second
-        # formatting of the record. One line past the limit is allowed.
+        # The stream's position is the size (docs/performance.md); one line past the limit is allowed.
         if self.stream is None:
             self.stream = self._open()
         return self.maxBytes > 0 and self.stream.tell() >= self.maxBytes
 
     def emit(self, record: logging.LogRecord) -> None:
-        failing = self._failing
-        self._failing = False
-        super().emit(record)  # a failure comes to handleError, which sets it again
-        if self._failing and not failing:
-            why = errno.errorcode.get(getattr(self._why, "errno", None) or 0) or str(self._why)
+        failing = self._failure is not None
+        self._failure = None
+        super().emit(record)  # a failure comes to handleError, which records it again
+        if self._failure is not None and not failing:
+            why = errno.errorcode.get(getattr(self._failure, "errno", None) or 0) or str(self._failure)
             self._say(f"lich-control: writing the log file {self.baseFilename} failed ({why}): its lines are lost until a write works again")
 
     def handleError(self, record: logging.LogRecord) -> None:
-        self._failing = True
-        self._why = sys.exc_info()[1]
+        self._failure = sys.exc_info()[1]
 
     def close(self) -> None:
         try:
@@ -217,21 +177,17 @@ class PrivateRotatingFile(logging.handlers.RotatingFileHandler):
             pass  # its last lines could not be written either: said already, and the daemon is leaving
 
 
-# -- setup -------------------------------------------------------------------
-
-
 class Logs:
     """The package's logging, routed to stderr and the log file until
     `close`, which flushes and stops it. Records are written in the thread
     that logs them: no listener thread (docs/performance.md)."""
 
-    def __init__(self, token: str, level: Optional[str], log_path: str, bridge_secret: Optional[str] = None):
+    def __init__(self, redactor: Redactor, level: Optional[str], log_path: str):
         chosen = (level or "INFO").upper()
         if chosen not in LEVELS:
             print(f"lich-control: LICH_CONTROL_LOG_LEVEL must be one of {', '.join(LEVELS)}; using INFO", file=sys.stderr)
             chosen = "INFO"
         self.stderr = StderrLines()
-        self.stderr.setLevel(logging.WARNING)
         self.stderr.setFormatter(logging.Formatter("lich-control: %(message)s"))
         file = PrivateRotatingFile(log_path, say=self.stderr.put, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8")
         file.setFormatter(logging.Formatter(FORMAT))
@@ -244,9 +200,8 @@ class Logs:
         self._root.setLevel(chosen)
         self._wire.setLevel(logging.WARNING)
         self._root.propagate = self._wire.propagate = False
-        safe = SafeRecords(Redactor(token, bridge_secret))  # on each handler, before it formats the record
         for handler in self._handlers:
-            handler.addFilter(safe)
+            handler.addFilter(redactor)
             self._root.addHandler(handler)
             self._wire.addHandler(handler)
         # Python's own hooks write an uncaught exception to stderr as it is,

@@ -1,11 +1,9 @@
-"""OrderedThread: jobs run one at a time, in the order given, on a thread of
-their own that drains a `queue.Queue`: the worker's commands, the acks of
-settled calls.
+"""OrderedThread: jobs run one at a time, in order, on a thread of their own
+that drains a `queue.Queue`: the worker's commands, the acks of settled calls.
 
-Each job comes with its refusal. Once the thread is stopped with a reason,
-every job still queued, and every job given later, is refused with that
-reason instead of run: the worker's refusal acks its command as never
-applied, so a stop never leaves a command without its ack.
+Each job comes with its refusal: once the thread is stopped with a reason,
+every job still queued or given later is refused with it instead of run
+(the worker's refusal acks its command as never applied).
 """
 from __future__ import annotations
 
@@ -35,9 +33,8 @@ class OrderedThread:
         self.why: Optional[str] = None  # the stop's reason: the jobs still queued are refused with it
 
     def submit(self, what: str, job: Callable[[], object], refuse: Refusal) -> None:
-        """Queue `job()` (`what`: the job, for the log if it fails). Once
-        stopped, `refuse(why)` is called instead: here, in the caller's
-        thread, or on the thread when the job's turn comes."""
+        """Queue `job()` (`what` names it in the log if it fails). Once
+        stopped, `refuse(why)` is called instead, here or in its turn."""
         with self._lock:
             if not self._stopped:
                 if self._thread is None:
@@ -48,10 +45,9 @@ class OrderedThread:
         refuse(self.why)
 
     def stop(self, timeout: float, why: Optional[str] = None) -> bool:
-        """Take nothing new. With `why` (the first one given counts), the
-        jobs still queued are refused with it; without, they still run.
-        Either within `timeout`: True once the thread has ended. A second
-        call only waits again."""
+        """Take nothing new. With `why` (the first given counts) the jobs
+        still queued are refused with it; without, they still run. True once
+        the thread has ended within `timeout`; a second call only waits again."""
         with self._lock:
             self.why = self.why or why
             if not self._stopped:

@@ -1,16 +1,10 @@
-"""Poller: holds the long poll open on lich and hands each command on at once.
+"""Poller: holds the long poll open on lich and hands each command on at once,
+the ordered ones to the worker and asks to their pool, never waiting on one.
 
-It never waits on a command: the ordered ones go to the worker (`submit`)
-and asks to their pool (`submit_ask`), then the poll goes out again. Its
-backoff, its lich client and its stop flag are its own; `stop` may be called
-from any thread and cuts a parked poll: lich then hands it nothing, and an
-answer already on its way is still read and handed on, to be acked.
-
-An answer is read whole (`read_answer`): one that is not a sound JSON array
-is one failed poll, as any other failure to get an answer is, and the next
-poll waits out the backoff. It keeps no ids from one poll to the next: lich
-hands each command out once, and numbers them from `m1` again when it
-restarts, so a memory of old ids would skip new commands.
+Its backoff, its lich client and its stop flag are its own; `stop` may be
+called from any thread and cuts a parked poll. An answer that is not a sound
+JSON array is one failed poll. It keeps no ids between polls: lich numbers
+them from `m1` again when it restarts, so old ids would skip new commands.
 """
 from __future__ import annotations
 
@@ -135,12 +129,9 @@ class Poller:
 
     def _submit_all(self, items: List[object]) -> bool:
         """Hand every command on, in lich's order, a stop notwithstanding:
-        lich handed each out once, and a queue that has stopped acks what
-        it meets as never applied, so each gets its ack. True if any went
-        to the worker. lich caps no answer (a script may queue thousands at
-        once); json_reader's bound on values does: at most 33,333 items with
-        an id (each costs its braces and a comma). What is skipped is said
-        in one line, never one per item."""
+        a stopped queue acks what it meets as never applied, so each gets its
+        ack. True if any went to the worker. The number is bounded by
+        json_reader's bound on values; what is skipped is said in one line."""
         submitted = False
         unusable = 0
         for item in items:

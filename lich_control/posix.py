@@ -1,12 +1,8 @@
-"""What the daemon and the plugin's setup ask of a POSIX system itself: the
-file lock, the run folder and its files, where the bridge listens, who owns
-lich's port, the watch on the parent and the run folder, a stderr that never
-makes a write wait, and the exit timer. windows.py answers the same names;
-system.py picks one of the two.
-
-The setup imports this file by its path, with whatever Python runs it,
-before the package is installed: it imports the standard library only,
-never the package. A refusal is `Refused`, whose text the package words.
+"""What the daemon and the plugin's setup ask of a POSIX system itself,
+under the names windows.py answers too (docs/architecture.md, "The platform
+seam"). The setup loads this file by its path before the package is
+installed: the standard library only. A refusal is `Refused`, which the
+package words.
 """
 from __future__ import annotations
 
@@ -75,17 +71,11 @@ def started_by() -> Optional[int]:
 
 
 def run_dir(env: Mapping[str, str]) -> str:
-    """The run folder when LICH_CONTROL_RUN_DIR names none. A relative
-    XDG_RUNTIME_DIR is invalid, and to be ignored (the XDG Base Directory
-    spec); one that is gone (systemd-logind removes it at the user's last
-    logout, and only root can make it again) is passed over.
-
-    Not the temporary folder: lich's macOS profile lets a session write none
-    ($TMPDIR, /tmp), where tempfile falls back to the working directory, and
-    the status tool outside would look somewhere else. The home's ~/.cache
-    is per user, the same inside and outside, and one of the folders that
-    profile lets a session write; short enough for the socket
-    (docs/install.md, "In lich's macOS confined sessions")."""
+    """The run folder when LICH_CONTROL_RUN_DIR names none (docs/architecture.md,
+    "Files"). A relative XDG_RUNTIME_DIR is invalid (the XDG spec); one that is
+    gone (logind removes it at the last logout; only root makes it again) is
+    passed over. Not the temporary folder, which lich's macOS profile lets no
+    session write: ~/.cache is the same inside and outside, and short enough."""
     xdg = env.get("XDG_RUNTIME_DIR") or ""
     if os.path.isabs(xdg) and os.path.isdir(xdg):
         return os.path.join(xdg, "lich-control")
@@ -121,9 +111,8 @@ def check_folder(path: str, created: bool) -> None:
 
 
 def open_private(path: str, flags: int) -> int:
-    """A descriptor on the plain file of ours at `path`, never through a
-    link, created 0600 if `flags` say so, and made 0600 through the
-    descriptor if an older daemon left it otherwise."""
+    """A descriptor on the plain file of ours at `path`, never through a link,
+    created 0600 if `flags` say so, else made 0600 through the descriptor."""
     try:
         fd = os.open(path, flags | NO_FOLLOW, PRIVATE)
     except OSError as exc:
@@ -146,15 +135,11 @@ def our_user() -> Optional[int]:
 
 
 def listener_owner(sock) -> Optional[int]:
-    """The uid owning the far end of `sock`, a connected loopback TCP socket,
-    or None where it cannot be told (not Linux, /proc unreadable, no row):
-    the token then goes unchecked.
-
-    While lich is down, any local user can listen on its port. The kernel
-    gives the socket that accepted a connection the uid of its listening
-    socket, and lists it with our address as its remote end: that row names
-    the program on the other end, whichever listener (127.0.0.1, 0.0.0.0, a
-    dual-stack ::) took the connection."""
+    """The uid owning the far end of `sock`, a connected loopback TCP socket
+    (while lich is down, any local user can listen on its port), or None
+    where it cannot be told (not Linux, /proc unreadable, no row). The socket
+    that accepted our connection has its listener's uid and our address as
+    its remote end, whichever listener (127.0.0.1, 0.0.0.0, ::) took it."""
     try:
         ours, theirs = sock.getsockname(), sock.getpeername()
     except OSError:
@@ -194,10 +179,9 @@ def _row_address(address: Tuple[str, int], v6: bool) -> str:
 def nonblocking(fd: int) -> None:
     """Make writes to `fd` fail at once rather than wait, without making
     anyone else's writes do so: O_NONBLOCK belongs to the open file
-    description, which a stdout given `2>&1`, a terminal, or a parent's own
-    stderr may share with it. On Linux fd is given a description of its own
-    (reopened through /proc); elsewhere it is flipped only if stdin and
-    stdout are other files, and left blocking otherwise."""
+    description, which `2>&1`, a terminal, or a parent's stderr may share.
+    On Linux fd gets a description of its own (reopened through /proc);
+    elsewhere it is flipped only if stdin and stdout are other files."""
     if stat.S_ISREG(os.fstat(fd).st_mode):
         return  # a file takes every write at once
     try:
@@ -229,10 +213,9 @@ def unblock() -> None:
 
 
 def arm_exit_deadline(seconds: float) -> None:
-    """End the process `seconds` from now, whatever its threads are doing.
-    SIGALRM at its default action is carried out by the kernel: no Python
-    code, no lock, no interpreter needed. Set to the default here, since a
-    parent may have passed it down ignored."""
+    """End the process `seconds` from now, whatever its threads are doing:
+    SIGALRM at its default action (a parent may pass it down ignored) is
+    carried out by the kernel, with no Python code, lock or interpreter."""
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_REAL, seconds)
 
@@ -241,10 +224,9 @@ def arm_exit_deadline(seconds: float) -> None:
 
 
 def parent_death_signal() -> bool:
-    """Ask the kernel to send PARENT_DEATH_SIGNAL when our parent dies
-    (Linux only), and say in the log where it cannot: the parent is then
-    checked once a second. (ctypes and logging are imported here, not by
-    the plugin's setup, which loads this file for the lock alone.)"""
+    """Ask the kernel for PARENT_DEATH_SIGNAL when our parent dies (Linux
+    only), or log that the parent is checked once a second instead. Imports
+    here: the plugin's setup loads this file for the lock alone."""
     import ctypes
     import logging
 
@@ -262,15 +244,12 @@ def parent_death_signal() -> bool:
 
 class Lifeline:
     """Calls `on_gone` once when the parent dies or closes our stdin or
-    stdout, or `on_lost` once `removed()` says the socket the hello named is
-    gone or another put in its place (the run folder deleted under the
-    daemon: systemd-logind removes $XDG_RUNTIME_DIR at the user's last logout).
-
-    Its thread blocks in poll() on the pipes and an inotify watch of the run
-    folder; the parent's death is Linux's parent-death signal's, whose
-    handler is set before the kernel is asked for it. Only where either is
-    missing does it also wake once a second, to look. Made after the
-    daemon's own signal handlers: it records a stop as they do, with `on_gone`."""
+    stdout, or `on_lost` once `removed()` says the hello's socket is gone or
+    replaced (docs/architecture.md, "The way out"). Its thread blocks in
+    poll() on the pipes and an inotify watch of the run folder, the parent's
+    death told by the parent-death signal; only where either is missing does
+    it wake once a second to look. Made after the daemon's signal handlers:
+    its own records a stop as theirs do, with `on_gone`."""
 
     def __init__(self, parent_pid: int, on_gone: Callable[[str], None], folder: str, removed: Callable[[], bool], on_lost: Callable[[str], None]):
         self._parent_pid = parent_pid
@@ -322,10 +301,9 @@ class Lifeline:
 
 
 def watch_folder(folder: str) -> Optional[int]:
-    """An inotify descriptor that turns readable when a name in `folder`
-    is removed, moved away, or created or moved in (over ours, it replaces
-    it), the folder itself removed or moved too, or its file system
-    unmounted (Linux); None where there is no inotify."""
+    """An inotify descriptor readable once a name in `folder` goes or comes
+    (one created or moved in over ours replaces it), or the folder itself
+    goes or is unmounted (Linux); None where there is no inotify."""
     import ctypes
 
     try:

@@ -1,12 +1,9 @@
 """The run folder: made private, a file opened in it, and the session lock.
 
-`ensure` refuses a folder another user can write in, so once it has passed
-only our own uid can put anything among our files. What is left to check is
-that a name holds what the daemon expects: a plain file of ours, never a
-link followed to somewhere else (`open_file`), and a socket before one is
-replaced (`check_socket`). The checks themselves are the platform's
-(`native.check_folder`, `native.open_private`): on Windows the profile's
-ACL keeps the folder the user's, and os.stat tells no owner or mode there.
+Once `ensure` has passed the folder, only our own uid can put anything among
+our files: what is left is that a name holds what the daemon expects (a
+plain file of ours, never a link; a socket before one is replaced). The
+checks are the platform's (docs/architecture.md, "Files").
 """
 from __future__ import annotations
 
@@ -27,10 +24,9 @@ class NotOurs(BadConfig):
 
 
 def ensure(path: str) -> None:
-    """Create the run folder 0700, or make sure an existing one is a real
-    folder (not a link), ours, and writable by no one else. Its mode is never
-    changed: a shared folder given by mistake (a sticky 1777 one, /tmp) is
-    refused, not closed to everyone else."""
+    """Create the run folder 0700, or check an existing one (`check`), whose
+    mode is never changed: a shared folder given by mistake (a sticky 1777
+    one, /tmp) is refused, not closed to everyone else."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         os.mkdir(path, 0o700)
@@ -43,8 +39,9 @@ def ensure(path: str) -> None:
 
 
 def check(path: str, created: bool = False) -> None:
-    """BadConfig unless the run folder passes the platform's check; one just
-    `created` is made 0700. The status tool reads no folder the daemon would refuse."""
+    """BadConfig unless the run folder is a real folder (not a link), ours,
+    and writable by no one else; one just `created` is made 0700. The status
+    tool reads no folder the daemon would refuse."""
     try:
         native.check_folder(path, created)
     except native.Refused as exc:
@@ -52,8 +49,7 @@ def check(path: str, created: bool = False) -> None:
 
 
 def open_file(path: str, flags: int) -> int:
-    """A descriptor on the plain file of ours at `path` (native.open_private):
-    created 0600 if `flags` say so, never through a link."""
+    """A descriptor on the plain file of ours at `path` (native.open_private)."""
     try:
         return native.open_private(path, flags)
     except native.Refused as exc:
@@ -61,8 +57,7 @@ def open_file(path: str, flags: int) -> int:
 
 
 def check_socket(path: str) -> None:
-    """Raise NotOurs unless `path` holds nothing or a socket (an earlier
-    daemon's, which the caller replaces)."""
+    """NotOurs unless `path` holds nothing or a socket (an earlier daemon's, to be replaced)."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -73,19 +68,16 @@ def check_socket(path: str) -> None:
 
 class LockHeld(Exception):
     """Another daemon holds the session's lock: a passing state (a
-    predecessor on its way out), which the relay meets by starting the
-    daemon again, not a configuration to refuse."""
+    predecessor on its way out), met by starting the daemon again."""
 
 
 @contextlib.contextmanager
 def session_lock(path: str, session_id: str, wait: float) -> Iterator[None]:
     """An exclusive lock on `<session>.lock`, held while in the block: one
-    poller per session.
-
-    A reload can start a new daemon while the old one is still exiting, so
-    the new one tries for `wait` seconds before LockHeld; the kernel
-    releases the lock however the old one ends. The file stays, so every
-    daemon locks the same file."""
+    poller per session. A reload can start a new daemon while the old one is
+    still exiting, so the new one tries for `wait` seconds before LockHeld;
+    the system releases the lock however the old one ends. The file stays, so
+    every daemon locks the same file."""
     fd = open_file(path, os.O_RDWR | os.O_CREAT)
     try:
         deadline = time.monotonic() + wait

@@ -3,24 +3,15 @@
     lich-mod-status [--json]            one line per daemon in the run folder
     lich-mod-status SESSION [--json]    everything one daemon tells
 
-Daemons are found as sockets in the run folder (`config.run_dir`'s rules),
-or on Windows as the address files naming each one's port and secret,
-which must pass the daemon's own test (`run_folder.check`); a socket
-nothing answers on within 2 s, the whole exchange, is reported as stale.
-On a terminal the overview is cut to its width. Exit 0 when it could say
-what each daemon is doing, none included; 1 when the SESSION asked for has
-no daemon that answers, the run folder is refused, or the plugin's setup
-failed. Run from the plugin's folder (bin/lich-mod-status), it also says
-when the plugin's setup is building the daemon's Python, or failed to, with
-the command that tries again. The socket is reached with
-`bridge_server.DaemonConnection`, the one client of a daemon's socket.
+Exit 0 when it could say what each daemon is doing, none included; 1 when
+the SESSION asked for has no daemon that answers, the run folder is
+refused, or the plugin's setup failed. What it shows: docs/status.md.
 
 A document is printed as the daemon gave it: the daemon made every string
-in it safe as it entered (escaped, cut, the token taken out). One this
-command cannot read (a field missing, a null where text belongs) is
-reported on its daemon's row, never a crash that hides the others; `--json`
-is one line of ASCII JSON (json.dumps' default): any locale prints it, and a
-lone surrogate is the escape that reads back as it.
+in it safe as it entered. One this command cannot read is reported on its
+daemon's row, never a crash that hides the others; `--json` is ASCII JSON
+(json.dumps' default): any locale prints it, and a lone surrogate is the
+escape that reads back as it.
 """
 from __future__ import annotations
 
@@ -41,6 +32,9 @@ from .config import ADDRESS, BadConfig, run_dir, session_path
 from .bridge_server import DaemonConnection, read_address
 
 TIMEOUT = 2.0
+NARROWEST = 4  # a column is never cut narrower than this
+# What a document this command cannot read raises as it is formatted.
+READ_FAULTS = (LookupError, TypeError, ValueError, AttributeError)
 
 
 @attrs.frozen
@@ -105,9 +99,6 @@ def sockets(folder: str) -> List[str]:
     return found
 
 
-# -- words for people -------------------------------------------------------
-
-
 def age(seconds: Optional[float], suffix: str = " ago") -> str:
     if seconds is None:
         return "never"
@@ -134,28 +125,17 @@ def overrides(status: dict) -> str:
     return " ".join(chosen) or "-"
 
 
-def in_flight(status: dict) -> str:
-    parts = [f"{e['kind']} {e['id']} ({e['waiting_on']})" for e in status["in_flight"]]
-    return ", ".join(parts) or "-"
-
-
 def counts(status: dict) -> str:
     parts = [f"{kind} {c['ok']}/{c['failed']}" for kind, c in sorted(status["counts"].items())]
     return " ".join(parts) or "-"
 
 
-def outcome(entry: dict) -> str:
-    text = "ok" if entry["ok"] else f"failed: {entry['error']}"
-    return text if entry["ack"] == "sent" else f"{text} (ack not delivered)"
-
-
+@attrs.frozen
 class Paint:
     """ANSI colour on a terminal, plain text elsewhere (and under NO_COLOR)."""
 
-    CODES = {"green": "32", "yellow": "33", "red": "31", "dim": "2", "bold": "1"}
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
+    CODES = {"green": "32", "yellow": "33", "red": "31", "bold": "1"}
+    enabled: bool
 
     def __call__(self, text: str, colour: str) -> str:
         return f"\033[{self.CODES[colour]}m{text}\033[0m" if self.enabled else text
@@ -166,9 +146,8 @@ class Paint:
 
 
 def table(rows: List[List[str]], paint: Paint, coloured_column: Optional[int] = None, room: int = 0) -> List[str]:
-    """Aligned columns; padding is measured before any colour is added.
-    Given the `room` (columns) to fit in, the widest columns are cut first,
-    and a cell cut ends in `…`."""
+    """Aligned columns cut to fit `room` (see fit), a cut cell ending in `…`;
+    padding is measured before any colour is added."""
     widths = fit([max(len(row[i]) for row in rows) for i in range(len(rows[0]))], room)
     lines = []
     for n, row in enumerate(rows):
@@ -176,26 +155,19 @@ def table(rows: List[List[str]], paint: Paint, coloured_column: Optional[int] = 
         for i, cell in enumerate(row):
             cell = cell if len(cell) <= widths[i] else cell[: widths[i] - 1] + "…"
             padded = cell.ljust(widths[i]) if i < len(row) - 1 else cell
-            if n == 0:
-                padded = paint(padded, "bold")
-            elif i == coloured_column:
+            if n > 0 and i == coloured_column:
                 padded = padded.replace(cell, paint.state(cell), 1)
             cells.append(padded)
         lines.append("  ".join(cells).rstrip())
+    lines[0] = paint(lines[0], "bold")
     return lines
 
 
-NARROWEST = 4  # a column is never cut narrower than this
-
-
 def fit(widths: List[int], room: int) -> List[int]:
-    """Column widths whose sum, with two spaces between columns, fits in `room` (0: any)."""
-    widths = list(widths)
-    while room and sum(widths) + 2 * (len(widths) - 1) > room:
-        widest = max(range(len(widths)), key=lambda i: widths[i])
-        if widths[widest] <= NARROWEST:
-            break
-        widths[widest] -= 1
+    """Column widths whose sum, with two spaces between columns, fits in `room`
+    (0: any): the widest is cut first."""
+    while room and sum(widths) + 2 * (len(widths) - 1) > room and max(widths) > NARROWEST:
+        widths[widths.index(max(widths))] -= 1
     return widths
 
 
@@ -217,14 +189,10 @@ def summary(s: dict) -> List[str]:
         age(s["poll"].get("last_poll_age_s")),
         s["turn"] or "-",
         overrides(s),
-        in_flight(s),
+        ", ".join(f"{e['kind']} {e['id']} ({e['waiting_on']})" for e in s["in_flight"]) or "-",
         counts(s),
         age(s["daemon"]["uptime_s"], ""),
     ]
-
-
-# What a document this command cannot read raises as it is formatted.
-READ_FAULTS = (LookupError, TypeError, ValueError, AttributeError)
 
 
 def unreadable(exc: Exception) -> str:
@@ -241,7 +209,7 @@ def detail(f: Found, paint: Paint) -> List[str]:
     fields = [
         ["session", d["session_id"]],
         ["pid", f"{d['pid']} ({d['engine']} engine{' in ' + d['host'] if d.get('host') else ''}, version {d['version']}, contract {d.get('contract_release', '?')})"],
-        ["state", state(s) + why + retry],
+        ["state", paint.state(state(s) + why + retry)],
         ["last poll", f"sent {age(poll.get('last_poll_age_s'))}, last answered {age(poll['last_answer_age_s'])} ({poll['polls']} polls, {poll['failures']} failed)"],
         ["turn", s["turn"] or "none running"],
         ["overrides", overrides(s)],
@@ -251,31 +219,23 @@ def detail(f: Found, paint: Paint) -> List[str]:
         ["socket", d.get("socket", f.socket)],
         ["log", d.get("log_file") or "-"],
     ]
-    lines = []
-    for name, value in fields:
-        lines.append(f"{paint(name.ljust(12), 'bold')}{paint.state(value) if name == 'state' else value}")
-    lines.append("")
-    lines.append(paint("recent commands", "bold"))
-    if s["recent"]:
-        rows = [["ID", "KIND", "OUTCOME", "TOOK", "WHEN"]]
-        for r in reversed(s["recent"][-10:]):
-            took = "-" if r["took_ms"] is None else f"{r['took_ms']:g} ms"
-            rows.append([r["id"], r["kind"], outcome(r), took, age(r["age_s"])])
-        lines.extend("  " + line for line in table(rows, paint))
-    else:
-        lines.append("  none yet")
-    lines.append("")
-    lines.append(paint("last errors", "bold"))
-    for e in reversed(s["errors"][-5:]):
-        lines.append(f"  {age(e['age_s']).ljust(12)}{e['what']}")
-    if not s["errors"]:
-        lines.append("  none")
+    rows = [["ID", "KIND", "OUTCOME", "TOOK", "WHEN"]] + [recent_row(r) for r in reversed(s["recent"][-10:])]
+    lines = [f"{paint(name.ljust(12), 'bold')}{value}" for name, value in fields]
+    lines += ["", paint("recent commands", "bold")]
+    lines += ["  " + line for line in table(rows, paint)] if s["recent"] else ["  none yet"]
+    lines += ["", paint("last errors", "bold")]
+    lines += [f"  {age(e['age_s']).ljust(12)}{e['what']}" for e in reversed(s["errors"][-5:])] or ["  none"]
     return lines
 
 
+def recent_row(r: dict) -> List[str]:
+    outcome = "ok" if r["ok"] else f"failed: {r['error']}"
+    took = "-" if r["took_ms"] is None else f"{r['took_ms']:g} ms"
+    return [r["id"], r["kind"], outcome if r["ack"] == "sent" else f"{outcome} (ack not delivered)", took, age(r["age_s"])]
+
+
 def main(argv=None, setups: Callable[[], List[dict]] = lambda: []) -> int:
-    """`setups`: what the plugin's setups are doing, {"state": "running" or
-    "failed", "text"} each (bin/lich-mod-status passes hooks/lich_runtime's)."""
+    """`setups`: what the plugin's setups are doing (bin/lich-mod-status passes hooks/lich_launch.setup_states)."""
     parser = argparse.ArgumentParser(prog="lich-mod-status", description="What this user's lich-mod-daemons are doing.")
     parser.add_argument("session", nargs="?", help="show everything about this session's daemon")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -298,8 +258,7 @@ def main(argv=None, setups: Callable[[], List[dict]] = lambda: []) -> int:
         if not os.path.exists(path):
             if args.json:
                 print(json.dumps({"session_id": args.session, "socket": path, "status": None, "stale": "no socket"}))
-            print(f"lich-mod-status: no daemon for session {args.session} (no {path})", file=sys.stderr)
-            return 1
+            return _said(f"no daemon for session {args.session} (no {path})")
         found = ask(path)
         if args.json:
             print(json.dumps(found.to_json()))

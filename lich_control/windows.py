@@ -1,15 +1,9 @@
 """What the daemon and the plugin's setup ask of Windows itself, under the
-names posix.py gives them (system.py picks one of the two): the file lock,
-the run folder and its files, where the bridge listens, who owns lich's
-port (the TCP table), the watch on the parent and the address file, a pipe
-that never makes a write wait, and the exit timer. Every call into Windows
-goes through ctypes or msvcrt, imported inside the function that needs it,
-so that this file imports anywhere: its plain parts (the TCP table's
-parsing, the run folder's name) are tested on every system.
-
-The plugin's setup imports this file by its path, with whatever Python runs
-it, before the package is installed: it imports the standard library only,
-never the package.
+names posix.py answers too (docs/architecture.md, "The platform seam").
+Windows' own calls (msvcrt, ctypes' wintypes and DLLs) are made inside the
+functions that need them, so that this file imports anywhere and its plain
+parts are tested on every system. The setup loads this file by its path
+before the package is installed: the standard library only.
 """
 from __future__ import annotations
 
@@ -21,7 +15,7 @@ import stat
 import struct
 import threading
 import time
-from typing import Callable, Iterator, Mapping, Optional, Tuple
+from typing import Callable, Mapping, Optional, Tuple
 
 # No Unix sockets: the bridge listens on loopback TCP behind a per-daemon
 # secret, and its address is a file naming port and secret.
@@ -35,7 +29,6 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SI
 # The exit code of a daemon the exit timer ended (POSIX: killed by SIGALRM).
 EXIT_DEADLINE_CODE = 3
 
-AF_INET = 2
 TCP_TABLE_OWNER_PID_CONNECTIONS = 4
 ERROR_INSUFFICIENT_BUFFER = 122
 SYNCHRONIZE = 0x00100000
@@ -88,8 +81,7 @@ def started_by() -> Optional[int]:
 
 
 def run_dir(env: Mapping[str, str]) -> str:
-    """Per user already (the profile's ACL keeps it theirs); not %TEMP%,
-    which Storage Sense and Disk Cleanup empty."""
+    """Not %TEMP%, which Storage Sense and Disk Cleanup empty."""
     local = env.get("LOCALAPPDATA") or os.path.join(os.path.expanduser("~"), "AppData", "Local")
     return os.path.join(local, "lich-control", "run")
 
@@ -124,7 +116,7 @@ def open_private(path: str, flags: int) -> int:
 
 
 class Process:
-    """A handle on a running process that can be waited on; `gone` at once
+    """A handle on a running process that can be waited on; `ended` at once
     when there is no such process (it ended before we looked)."""
 
     def __init__(self, pid: int):
@@ -147,17 +139,12 @@ def owner_pid(table: bytes, ours: Tuple[str, int], theirs: Tuple[str, int]) -> O
     socket lich's listener accepted for us. None without such a row, or when
     the row's pid is 0 (Wine never fills it in)."""
     wanted = (socket.inet_aton(theirs[0]), socket.htons(theirs[1]), socket.inet_aton(ours[0]), socket.htons(ours[1]))
-    for _state, local, local_port, remote, remote_port, pid in _rows(table):
+    (count,) = struct.unpack_from("<I", table)
+    given = min(count, (len(table) - 4) // ROW.size)  # no row past the bytes given
+    for _state, local, local_port, remote, remote_port, pid in ROW.iter_unpack(table[4 : 4 + given * ROW.size]):
         if (local, local_port & 0xFFFF, remote, remote_port & 0xFFFF) == wanted:
             return pid or None
     return None
-
-
-def _rows(table: bytes) -> Iterator[tuple]:
-    (count,) = struct.unpack_from("<I", table)
-    count = min(count, (len(table) - 4) // ROW.size)
-    for n in range(count):
-        yield ROW.unpack_from(table, 4 + n * ROW.size)
 
 
 def listener_owner(sock: socket.socket) -> Optional[str]:
@@ -178,7 +165,7 @@ def _tcp_table() -> bytes:
     size = wintypes.DWORD(0)
     for _ in range(3):  # the table can grow between the size asked and the copy
         buffer = ctypes.create_string_buffer(max(size.value, 4))
-        error = iphlpapi.GetExtendedTcpTable(buffer, ctypes.byref(size), False, AF_INET, TCP_TABLE_OWNER_PID_CONNECTIONS, 0)
+        error = iphlpapi.GetExtendedTcpTable(buffer, ctypes.byref(size), False, socket.AF_INET, TCP_TABLE_OWNER_PID_CONNECTIONS, 0)
         if error == 0:
             return buffer.raw
         if error != ERROR_INSUFFICIENT_BUFFER:
@@ -227,11 +214,10 @@ def process_user(pid: Optional[int] = None) -> Optional[str]:
 
 
 class Lifeline:
-    """Calls `on_gone` once when the parent (the pid the relay named) ends,
-    seen by waiting on its process handle, or `on_lost` once `removed()`
-    says the address file is gone, looked for once a second. No
-    parent-death signal, no inotify, and a spawn's stdin is closed from the
-    start, so it tells nothing. Without a named parent only the file is watched."""
+    """Calls `on_gone` once the named parent ends (its process handle waited
+    on a second at a time), or `on_lost` once `removed()` says the address
+    file is gone. No parent-death signal, no inotify, and a spawn's stdin is
+    closed from the start, so it tells nothing."""
 
     def __init__(self, parent_pid: Optional[int], on_gone: Callable[[str], None], folder: str, removed: Callable[[], bool], on_lost: Callable[[str], None]):
         self._parent = Process(parent_pid) if parent_pid is not None else None
@@ -243,10 +229,10 @@ class Lifeline:
 
     def _run(self) -> None:
         while True:
-            if self._parent is not None and self._parent.ended(PARENT_CHECK_SECONDS):
-                return self._on_gone("the process that started the daemon is gone")
             if self._parent is None:
                 time.sleep(PARENT_CHECK_SECONDS)  # the file alone: nothing to wait on
+            elif self._parent.ended(PARENT_CHECK_SECONDS):
+                return self._on_gone("the process that started the daemon is gone")
             if self._removed():
                 return self._on_lost("its address file was removed (the run folder deleted under it?); starting again on a new one")
 
@@ -269,9 +255,8 @@ def arm_exit_deadline(seconds: float) -> None:
 
 def nonblocking(fd: int, wait: bool = False) -> bool:
     """Put the pipe behind `fd` in PIPE_NOWAIT mode (PIPE_WAIT if `wait`): a
-    write then takes what fits and returns. The mode belongs to that pipe
-    alone (a spawn gives stdout and stderr a pipe each). False (left as it
-    is) when `fd` is not a pipe."""
+    write then takes what fits and returns. The mode is that pipe's alone (a
+    spawn gives stdout and stderr a pipe each). False when `fd` is no pipe."""
     import msvcrt
     from ctypes import wintypes
 

@@ -1,12 +1,10 @@
-"""The Worker applies lich's commands one at a time, in the order they
-arrived; Asks answer side questions beside it, outside that order.
+"""The Worker applies lich's commands one at a time, in order; Asks answer
+side questions beside it, outside that order.
 
-A prompt or a slash command is started in its place and acked when the
-session settles it; the next command runs at once. Every other command is
-acked, and its ack awaited, before the next one: lich ends the turn it has
-open when an abort's ack lands, so a late ack would end the turn the next
-prompt opened. `Worker._apply` returns a command's result, or the Future of
-the call it started, and never sends: `Acks` sends, from one place.
+A prompt or a slash command is acked when the session settles it, and the
+next command runs at once. Every other command is acked, its ack awaited,
+before the next: lich ends its open turn when an abort's ack lands, so a
+late one would end the turn the next prompt opened.
 """
 from __future__ import annotations
 
@@ -25,12 +23,10 @@ from .ordered import OrderedThread
 
 log = logging.getLogger("lich_control.worker")
 
-# turn.abort and overrides.set answer at once in a live session; past this
-# the relay is stuck, and lich hears so instead of waiting on nothing.
+# turn.abort and overrides.set answer at once in a live session: past this the relay is stuck.
 QUICK_TIMEOUT = 10.0
 FORK_TIMEOUT = 300.0  # well past the 109 s the seed saw a real fork take
-# The ack of a command the daemon stopped before taking up: lich hears at
-# once that it never ran, instead of waiting out its own wait.
+# The ack of a command the daemon stopped before taking up.
 NOT_APPLIED = "the daemon stopped before applying it"
 # An ask's job only writes the fork's call and returns (a fork in flight
 # holds no thread), so a few threads start any number of asks at once.
@@ -51,8 +47,7 @@ class Worker:
         self.overrides = Overrides()
 
     def submit(self, command: Command) -> None:
-        """Queue a command; never blocks, so the poller never waits here.
-        Once stopped, it is acked as never applied instead."""
+        """Queue a command, never blocking the poller; once stopped, it is acked as never applied."""
         self._thread.submit(
             f"{command.id} ({command.kind})",
             lambda: self._take(command),
@@ -60,8 +55,7 @@ class Worker:
         )
 
     def stop(self, timeout: float, why: Optional[str] = None) -> bool:
-        """OrderedThread.stop: each command still queued is acked as never
-        applied, with `why` (the first given)."""
+        """OrderedThread.stop: each command still queued is acked as never applied, with `why`."""
         return self._thread.stop(timeout, why)
 
     def _take(self, command: Command) -> None:
@@ -97,8 +91,7 @@ class Worker:
         return CallResult.failed(UNKNOWN_KIND)  # asks never reach the worker; anything else is a bug upstream
 
     def _call(self, command: Command, method: str, args: dict, timeout: Optional[float] = None) -> "Future[CallResult]":
-        """The call's Future, settled by its deadline at the latest: an
-        awaited one's `result()` is bounded by `timeout`."""
+        """The call's Future, settled by `timeout` at the latest."""
         self._activity.waiting(command.id, "session")
         return self._engine.call(method, args, timeout)
 
@@ -110,14 +103,11 @@ class Worker:
 
 
 class Asks:
-    """Side questions, each answered by a fork beside the turn.
-
-    An ask starts the moment its poll returns, several at once, on the
-    pool's threads, and is acked whenever its fork answers, or failed at its
-    deadline; a fork in flight holds no thread, its ack goes from `Acks`
-    once it settles. The pool, its jobs not yet done and the stop's reason
-    are this object's; the lock guards the jobs.
-    """
+    """Side questions, each answered by a fork beside the turn: started the
+    moment its poll returns, on the pool, several at once, and acked
+    whenever its fork settles (a fork in flight holds no thread). The pool,
+    its jobs not yet done and the stop's reason are this object's; the
+    lock guards the jobs."""
 
     def __init__(self, engine: Engine, acks: Acks, activity: Activity, session_id: str):
         self._engine = engine
@@ -132,8 +122,7 @@ class Asks:
         self._why: Optional[str] = None
 
     def submit(self, command: Command) -> None:
-        """Start the ask on the pool; never blocks. Once stopped, it is
-        acked as never asked instead."""
+        """Start the ask on the pool, never blocking; once stopped, it is acked as never asked."""
         self._activity.waiting(command.id, "ask thread")
         try:
             job = self._pool.submit(self._start, command)
@@ -145,8 +134,8 @@ class Asks:
 
     def stop(self, timeout: float, why: Optional[str] = None) -> bool:
         """Start nothing new: each ask not yet started is acked as never
-        asked, with `why` (the first given); those being started finish
-        within `timeout`. True once none is left. A second call only waits again."""
+        asked, with `why`; those being started finish within `timeout`.
+        True once none is left."""
         self._why = self._why or why
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
@@ -159,8 +148,8 @@ class Asks:
         self._acks.send_when_done(fork, lambda result: fork_ack(self._session_id, command, result))
 
     def _done(self, command: Command, job: "Future[None]") -> None:
-        """The job's done-callback, in the thread that ran or cancelled it:
-        a cancelled ask is acked, a failed one said (a Future keeps its job's exception)."""
+        """In the thread that ran or cancelled the job: a cancelled ask is
+        acked, a failed one logged (a Future keeps its job's exception)."""
         with self._lock:
             self._jobs.discard(job)
         if job.cancelled():

@@ -1,6 +1,7 @@
 """The layout the architecture page describes: the daemon imports none of the
 tools (they live beside the tests, out of what the plugin installs), no
-module carries an HTTP parser of its own, and no import cycle runs anywhere."""
+module carries an HTTP parser of its own, no import cycle runs anywhere, and
+the status command and each hook stay short enough to read alone."""
 import ast
 import graphlib
 import os
@@ -116,3 +117,16 @@ def test_no_module_of_the_package_orders_its_imports_around_code():
     folder = os.path.join(ROOT, "lich_control")
     found = sorted(name for name in os.listdir(folder) if name.endswith(".py") and "noqa: E402" in open(os.path.join(folder, name), encoding="utf-8").read())
     assert found == []
+
+
+
+def lines_in(path):
+    with open(path, encoding="utf-8") as file:
+        return sum(1 for _ in file)
+
+
+def test_the_status_command_and_each_hook_stay_readable_alone():
+    # Each read in one sitting: the status command at most 300 lines, a hook 400.
+    assert lines_in(os.path.join(ROOT, "lich_control", "status_cli.py")) <= 300
+    hooks = [os.path.join(folder, name) for folder, _, names in os.walk(os.path.join(ROOT, "hooks")) for name in names if name.endswith((".py", ".js"))]
+    assert len(hooks) > 5 and {path: lines_in(path) for path in hooks if lines_in(path) > 400} == {}

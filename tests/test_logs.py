@@ -27,7 +27,7 @@ WAIT = 10.0
 def written_by(tmp_path, *lines, level="DEBUG", logger="lich_control.test"):
     """What the log file holds once `lines` (callables taking the logger) ran."""
     path = tmp_path / "s1.log"
-    setup = Logs(SECRET, level, str(path))
+    setup = Logs(Redactor(SECRET), level, str(path))
     for line in lines:
         line(logging.getLogger(logger))
     setup.close()
@@ -45,7 +45,7 @@ def test_the_token_is_redacted_in_each_form_a_url_gives_it(form):
 def test_the_bridges_secret_is_redacted_beside_the_token_in_the_log_file(tmp_path):
     bridge = "Bq-5ecret_of-the-bridge"
     path = tmp_path / "s1.log"
-    setup = Logs(SECRET, "INFO", str(path), bridge)
+    setup = Logs(Redactor(SECRET, bridge), "INFO", str(path))
     logging.getLogger("lich_control.test").warning("X-Lich-Control-Secret: %s, token=%s", bridge, quote(SECRET, safe=""))
     setup.close()
     written = path.read_text(encoding="utf-8")
@@ -152,7 +152,7 @@ def test_close_puts_back_everything_the_setup_changed(tmp_path):
     touched = [logging.getLogger("lich_control"), logging.getLogger("urllib3")]
     hooks = sys.excepthook, threading.excepthook
     before = [(lg.level, lg.propagate, list(lg.handlers)) for lg in touched]
-    Logs(SECRET, "DEBUG", str(tmp_path / "s1.log")).close()
+    Logs(Redactor(SECRET), "DEBUG", str(tmp_path / "s1.log")).close()
     assert [(lg.level, lg.propagate, list(lg.handlers)) for lg in touched] == before
     assert (sys.excepthook, threading.excepthook) == hooks
 
@@ -177,7 +177,7 @@ def test_the_log_file_and_every_rotation_are_0600(tmp_path):
 def test_a_link_at_the_logs_name_stops_the_start(tmp_path):
     os.symlink(tmp_path / "elsewhere", tmp_path / "s1.log")
     with pytest.raises(NotOurs, match="is a symbolic link"):
-        Logs(SECRET, "INFO", str(tmp_path / "s1.log"))
+        Logs(Redactor(SECRET), "INFO", str(tmp_path / "s1.log"))
     assert not (tmp_path / "elsewhere").exists()
 
 
