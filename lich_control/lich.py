@@ -1,7 +1,8 @@
 """LichClient: the two HTTP exchanges with lich, a poll and an ack, on
 `requests`, each with a total deadline, its answer bounded, the owner of
 lich's port checked, and a failure worded from the exception's classes, never
-its text, which holds the token (docs/architecture.md, "To lich", says why).
+its text, which holds the token (docs/architecture.md, "What carries HTTP, and
+why", To lich, says why).
 Each client is used by one thread; `abandon` is the one call another may make.
 """
 from __future__ import annotations
@@ -217,7 +218,7 @@ class LoopbackAdapter(HTTPAdapter):
     bridge_server.BoundedSocket (urllib3's read timeout bounds each read
     alone: a byte a second would hold an exchange for ever), and can be cut by
     `abandon` from another thread, which shares the socket list under the
-    lock. docs/architecture.md, "To lich", says why each."""
+    lock. docs/architecture.md, "What carries HTTP, and why", says why each."""
 
     def __init__(self, uid: Union[int, str, None]):
         self.uid = uid

@@ -1,6 +1,6 @@
 """What the daemon and the plugin's setup ask of a POSIX system itself,
 under the names windows.py answers too (docs/architecture.md, "The platform
-seam"). The setup loads this file by its path before the package is
+seam: POSIX and Windows"). The setup loads this file by its path before the package is
 installed: the standard library only. A refusal is `Refused`, which the
 package words.
 """

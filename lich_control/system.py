@@ -1,7 +1,7 @@
 """The platform seam: `native` is posix.py or windows.py, chosen here once
 (as psutil picks its `_psplatform`). Both answer the same names; nothing else
 in the package asks which system it runs on. docs/architecture.md, "The
-platform seam", lists what each holds."""
+platform seam: POSIX and Windows", lists what each holds."""
 import os
 
 if os.name == "nt":

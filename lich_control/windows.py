@@ -1,5 +1,6 @@
 """What the daemon and the plugin's setup ask of Windows itself, under the
-names posix.py answers too (docs/architecture.md, "The platform seam").
+names posix.py answers too (docs/architecture.md, "The platform seam: POSIX
+and Windows").
 Windows' own calls (msvcrt, ctypes' wintypes and DLLs) are made inside the
 functions that need them, so that this file imports anywhere and its plain
 parts are tested on every system. The setup loads this file by its path
