@@ -29,7 +29,7 @@ import pytest
 
 from claude_world import ClaudeSession, World
 from processes import argv_of, pid_ended
-from test_install import MARKETPLACE
+from test_install import MARKETPLACE, data_folder
 from test_session import (assert_acked_ok, assert_answered, check_abort, check_effort_override, check_model_override,
                           main_request, send)
 from workspace import PLUGIN_NAME
@@ -101,8 +101,7 @@ def test_a_confined_session_builds_the_runtime_and_polls(world):
     session = world.session(SESSION)
     status = session.wait_polling(timeout=BUILD_WAIT)
     session.wait_debug("lich-control setup: the environment is ready")
-    data = os.path.join(world.ws.home, ".claude", "plugins", "data", "lich-control-lich-control")
-    assert argv_of(status["daemon"]["pid"])[0].startswith(data + os.sep)
+    assert argv_of(status["daemon"]["pid"])[0].startswith(data_folder(world) + os.sep)
     world.first = session
 
 
